@@ -1,0 +1,267 @@
+"""The base configuration (every field commented), derived values and validation.
+
+Config files under `configs/` start from `get_base_config()` and change only what differs. The trainer
+calls `validate(config, num_devices)` at start-up, then `derive(config, num_train_examples,
+num_devices)` to turn durations given in epochs or steps into one `TrainingPlan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import ml_collections
+
+MODEL_NAMES = ("resnet_tiny", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnet200")
+DATA_SOURCES = ("synthetic", "shapes", "arrays")
+OPTIMIZERS = ("sgd", "lars")
+SCHEDULES = ("cosine", "polynomial", "piecewise", "constant")
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+LR_SCALINGS = ("linear", "none")
+
+IMAGENET_NUM_TRAIN_EXAMPLES = 1_281_167
+IMAGENET_NUM_EVAL_EXAMPLES = 50_000
+# Per-channel RGB statistics of ImageNet on a [0, 1] scale (the values torchvision and the TF reference use).
+IMAGENET_MEAN_RGB = (0.485, 0.456, 0.406)
+IMAGENET_STDDEV_RGB = (0.229, 0.224, 0.225)
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; the message names the field and the fix."""
+
+
+def get_base_config() -> ml_collections.ConfigDict:
+    """Returns the defaults every config file starts from: ResNet-50 on ImageNet for 90 epochs."""
+    config = ml_collections.ConfigDict()
+    config.seed = 0  # Seeds parameter initialisation, synthetic data and shuffling.
+
+    config.model = ml_collections.ConfigDict()
+    config.model.name = "resnet50"  # One of MODEL_NAMES.
+    config.model.num_classes = 1000  # Width of the classifier.
+    config.model.num_filters = 64  # Channels of the stem; each stage doubles them (64 is the paper's).
+    config.model.zero_init_last_bn_scale = True  # Zero-init the last BN scale in each block (Goyal et al.).
+    config.model.bn_momentum = 0.9  # Decay of the batch-norm moving averages.
+    config.model.bn_epsilon = 1e-5  # Added to the variance in batch norm.
+    # Dtype of activations and convolutions. Parameters, BN statistics and the loss stay float32.
+    # float16 turns on dynamic loss scaling (for V100s, which have no bfloat16 units).
+    config.model.compute_dtype = "float32"
+
+    config.data = ml_collections.ConfigDict()
+    # Where images come from: "synthetic" (random images made on the device, for throughput),
+    # "shapes" (the generated demo dataset), "arrays" (NumPy arrays handed to train_and_evaluate).
+    config.data.source = "synthetic"
+    config.data.image_size = 224  # Height and width of training and evaluation images.
+    config.data.num_train_examples = IMAGENET_NUM_TRAIN_EXAMPLES  # Epoch length for synthetic/shapes.
+    config.data.num_eval_examples = IMAGENET_NUM_EVAL_EXAMPLES  # Validation images for synthetic/shapes.
+    config.data.mean_rgb = IMAGENET_MEAN_RGB  # Subtracted on the device from images scaled to [0, 1].
+    config.data.stddev_rgb = IMAGENET_STDDEV_RGB  # Divides them afterwards.
+    config.data.shuffle = True  # Reshuffle the training examples every epoch (in-memory sources).
+    config.data.synthetic_num_batches = 4  # Distinct batches the synthetic source makes and cycles.
+
+    config.mesh = ml_collections.ConfigDict()
+    config.mesh.num_devices = -1  # Devices in the `data` mesh axis; -1 uses every device of the job.
+
+    config.training = ml_collections.ConfigDict()
+    config.training.global_batch_size = 1024  # Images per step summed over all devices and hosts.
+    config.training.num_epochs = 90.0  # Training length in epochs; ignored when num_train_steps > 0.
+    config.training.num_train_steps = -1  # Training length in steps; -1 derives it from num_epochs.
+    config.training.label_smoothing = 0.0  # Weight of the uniform distribution mixed into the labels.
+    config.training.log_every_steps = 100  # Fetch metrics from the device and log them this often.
+
+    config.optimizer = ml_collections.ConfigDict()
+    config.optimizer.name = "sgd"  # "sgd" (momentum) or "lars".
+    config.optimizer.momentum = 0.9  # Momentum of SGD and LARS.
+    config.optimizer.nesterov = False  # Nesterov momentum (SGD and LARS).
+    config.optimizer.weight_decay = 1e-4  # L2 on conv and dense kernels only (not BN, not biases).
+    config.optimizer.lars_trust_coefficient = 0.001  # LARS eta; trust ratios skip BN params and biases.
+    # Peak learning rate = base_learning_rate * global_batch_size / lr_reference_batch_size with
+    # lr_scaling "linear" (Goyal et al.), or base_learning_rate itself with "none" (LARS recipes).
+    config.optimizer.base_learning_rate = 0.1
+    config.optimizer.lr_reference_batch_size = 256
+    config.optimizer.lr_scaling = "linear"
+
+    config.schedule = ml_collections.ConfigDict()
+    config.schedule.name = "cosine"  # After warm-up: "cosine", "polynomial", "piecewise", "constant".
+    config.schedule.warmup_epochs = 5.0  # Linear warm-up from 0; ignored when warmup_steps >= 0.
+    config.schedule.warmup_steps = -1  # Warm-up in steps; -1 derives it from warmup_epochs.
+    config.schedule.end_learning_rate = 0.0  # Final value for "cosine" and "polynomial".
+    config.schedule.polynomial_power = 2.0  # Power of the "polynomial" decay (MLPerf fixes 2).
+    config.schedule.boundary_epochs = (30.0, 60.0, 80.0)  # Epochs where "piecewise" decays.
+    config.schedule.decay_factor = 0.1  # Multiplier at each "piecewise" boundary.
+
+    config.eval = ml_collections.ConfigDict()
+    config.eval.global_batch_size = 1024  # Images per evaluation step over all devices.
+    config.eval.every_epochs = 1.0  # Evaluate this often (and at the end); <= 0 only at the end.
+    return config
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingPlan:
+    """Values derived from a config, the number of training examples and devices.
+
+    Attributes:
+      global_batch_size: images per training step over all devices.
+      per_device_batch_size: images per training step on one device.
+      steps_per_epoch: steps in one pass over the training examples (rounded up).
+      total_steps: training steps of the whole run.
+      warmup_steps: steps of linear learning-rate warm-up.
+      peak_learning_rate: learning rate at the end of warm-up.
+      eval_every_steps: steps between evaluations (0: only at the end).
+      num_devices: devices in the data mesh axis.
+    """
+
+    global_batch_size: int
+    per_device_batch_size: int
+    steps_per_epoch: int
+    total_steps: int
+    warmup_steps: int
+    peak_learning_rate: float
+    eval_every_steps: int
+    num_devices: int
+
+    def epochs_to_steps(self, epochs: float) -> int:
+        """Converts a duration in epochs into steps (rounded to the nearest step)."""
+        return int(round(epochs * self.steps_per_epoch))
+
+
+def derive(config: ml_collections.ConfigDict, num_train_examples: int, num_devices: int) -> TrainingPlan:
+    """Computes every derived value of a run in one place.
+
+    Args:
+      config: a validated config.
+      num_train_examples: size of the training split (defines an epoch).
+      num_devices: devices in the data mesh axis.
+
+    Returns:
+      The run's `TrainingPlan`.
+    """
+    if num_train_examples <= 0:
+        raise ConfigError(f"The training split is empty ({num_train_examples} examples).")
+    batch = config.training.global_batch_size
+    steps_per_epoch = math.ceil(num_train_examples / batch)
+    if config.training.num_train_steps > 0:
+        total_steps = int(config.training.num_train_steps)
+    else:
+        total_steps = max(1, int(math.ceil(config.training.num_epochs * steps_per_epoch)))
+    if config.schedule.warmup_steps >= 0:
+        warmup_steps = int(config.schedule.warmup_steps)
+    else:
+        warmup_steps = int(round(config.schedule.warmup_epochs * steps_per_epoch))
+    warmup_steps = min(warmup_steps, total_steps)
+    opt = config.optimizer
+    peak = opt.base_learning_rate
+    if opt.lr_scaling == "linear":
+        peak = opt.base_learning_rate * batch / opt.lr_reference_batch_size
+    eval_every_steps = max(1, int(round(config.eval.every_epochs * steps_per_epoch)))
+    if config.eval.every_epochs <= 0:
+        eval_every_steps = 0
+    return TrainingPlan(
+        global_batch_size=batch,
+        per_device_batch_size=batch // num_devices,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+        warmup_steps=warmup_steps,
+        peak_learning_rate=float(peak),
+        eval_every_steps=eval_every_steps,
+        num_devices=num_devices,
+    )
+
+
+def _require(condition: bool, field: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"config.{field}: {message}")
+
+
+def _require_choice(value: str, field: str, choices: tuple[str, ...]) -> None:
+    _require(value in choices, field, f"unknown value {value!r}; choose one of {', '.join(choices)}.")
+
+
+def _require_positive(config: ml_collections.ConfigDict, field: str) -> None:
+    value = config
+    for part in field.split("."):
+        value = value[part]
+    _require(value > 0, field, f"must be positive, got {value!r}.")
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
+    """Refuses invalid settings with a `ConfigError` that names the field and the fix.
+
+    Args:
+      config: the config to check.
+      num_devices: devices the run will use; when given, batch divisibility is checked too.
+    """
+    _require_choice(config.model.name, "model.name", MODEL_NAMES)
+    _require_choice(config.model.compute_dtype, "model.compute_dtype", COMPUTE_DTYPES)
+    _require_choice(config.data.source, "data.source", DATA_SOURCES)
+    _require_choice(config.optimizer.name, "optimizer.name", OPTIMIZERS)
+    _require_choice(config.optimizer.lr_scaling, "optimizer.lr_scaling", LR_SCALINGS)
+    _require_choice(config.schedule.name, "schedule.name", SCHEDULES)
+    for field in (
+        "model.num_classes",
+        "model.num_filters",
+        "model.bn_epsilon",
+        "data.image_size",
+        "data.num_train_examples",
+        "data.num_eval_examples",
+        "data.synthetic_num_batches",
+        "training.global_batch_size",
+        "training.log_every_steps",
+        "optimizer.base_learning_rate",
+        "optimizer.lr_reference_batch_size",
+        "eval.global_batch_size",
+    ):
+        _require_positive(config, field)
+    _require(0.0 <= config.model.bn_momentum < 1.0, "model.bn_momentum", "must lie in [0, 1).")
+    _require(
+        config.data.image_size >= 32,
+        "data.image_size",
+        f"ResNets downsample by 32; use at least 32 pixels, got {config.data.image_size}.",
+    )
+    _require(
+        config.training.num_train_steps > 0 or config.training.num_epochs > 0,
+        "training.num_epochs",
+        "set num_epochs > 0, or num_train_steps > 0.",
+    )
+    _require(
+        0.0 <= config.training.label_smoothing < 1.0,
+        "training.label_smoothing",
+        f"must lie in [0, 1), got {config.training.label_smoothing}.",
+    )
+    _require(config.optimizer.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0.")
+    _require(0.0 <= config.optimizer.momentum < 1.0, "optimizer.momentum", "must lie in [0, 1).")
+    _require(
+        config.schedule.warmup_steps >= 0 or config.schedule.warmup_epochs >= 0,
+        "schedule.warmup_epochs",
+        "must be >= 0.",
+    )
+    _require(config.schedule.end_learning_rate >= 0, "schedule.end_learning_rate", "must be >= 0.")
+    _require(config.schedule.polynomial_power > 0, "schedule.polynomial_power", "must be positive.")
+    boundaries = list(config.schedule.boundary_epochs)
+    _require(
+        boundaries == sorted(boundaries) and all(b > 0 for b in boundaries),
+        "schedule.boundary_epochs",
+        f"must be positive and increasing, got {tuple(boundaries)}.",
+    )
+    _require(
+        len(config.data.mean_rgb) == 3 and len(config.data.stddev_rgb) == 3,
+        "data.mean_rgb",
+        "mean_rgb and stddev_rgb need three values (R, G, B).",
+    )
+    _require(min(config.data.stddev_rgb) > 0, "data.stddev_rgb", "values must be positive.")
+    _require(
+        config.mesh.num_devices == -1 or config.mesh.num_devices > 0,
+        "mesh.num_devices",
+        "use -1 (all devices) or a positive count.",
+    )
+    if num_devices is not None:
+        for field in ("training.global_batch_size", "eval.global_batch_size"):
+            section, name = field.split(".")
+            batch = config[section][name]
+            if batch % num_devices:
+                lower = max(num_devices, batch // num_devices * num_devices)
+                _require(
+                    False,
+                    field,
+                    f"{batch} is not divisible by the {num_devices} devices of the mesh; use a "
+                    f"multiple of {num_devices} (for example {lower} or {lower + num_devices}).",
+                )

@@ -1,0 +1,182 @@
+"""Data sources: the interface the trainer reads, a synthetic source and an in-memory array source.
+
+Every source yields global batches: dicts of `jax.Array`s sharded over the mesh's `data` axis, with
+`images` uint8 [B, H, W, 3] and `labels` int32 [B]; evaluation batches add `mask` (False on padding), so
+that every evaluation example counts exactly once on any number of processes and devices.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from resnet_scaling import mesh as mesh_lib
+
+Batch = dict[str, jax.Array]
+
+
+class DataSource(Protocol):
+    """What the trainer needs from a dataset."""
+
+    num_train_examples: int  # Defines an epoch.
+    num_eval_examples: int  # Evaluation covers exactly these.
+
+    def train_batches(self, start_step: int = 0) -> Iterator[Batch]:
+        """Endless global training batches, starting with the one step `start_step` would see."""
+        ...
+
+    def eval_batches(self) -> Iterator[Batch]:
+        """One pass over the evaluation examples, the last batch padded and masked."""
+        ...
+
+
+def process_share(num_examples: int, process_index: int, process_count: int) -> tuple[int, int]:
+    """[start, stop) of a process's disjoint share of `num_examples` (shares differ by at most 1)."""
+    start = num_examples * process_index // process_count
+    stop = num_examples * (process_index + 1) // process_count
+    return start, stop
+
+
+class SyntheticSource:
+    """Random images and labels made on the device: the standard input for throughput benchmarks.
+
+    A few distinct batches are generated once, already sharded, and cycled, so that the host does no
+    work per step and the measurement is of the model and step alone.
+    """
+
+    def __init__(self, *, image_size: int, num_classes: int, global_batch_size: int,
+                 eval_global_batch_size: int, mesh: Mesh, num_train_examples: int,
+                 num_eval_examples: int, num_batches: int = 4, seed: int = 0):
+        self.num_train_examples = num_train_examples
+        self.num_eval_examples = num_eval_examples
+        self._mesh = mesh
+        self._image_size = image_size
+        self._num_classes = num_classes
+        self._eval_global_batch_size = eval_global_batch_size
+        keys = jax.random.split(jax.random.key(seed), num_batches)
+        self._train = [self._make_batch(k, global_batch_size) for k in keys]
+        self._seed = seed
+
+    def _make_batch(self, key: jax.Array, batch_size: int) -> Batch:
+        def make(key):
+            image_key, label_key = jax.random.split(key)
+            shape = (batch_size, self._image_size, self._image_size, 3)
+            return {
+                "images": jax.random.randint(image_key, shape, 0, 256, jnp.int32).astype(jnp.uint8),
+                "labels": jax.random.randint(label_key, (batch_size,), 0, self._num_classes, jnp.int32),
+            }
+
+        return jax.jit(make, out_shardings=mesh_lib.batch_sharding(self._mesh))(key)
+
+    def train_batches(self, start_step: int = 0) -> Iterator[Batch]:
+        step = start_step
+        while True:
+            yield self._train[step % len(self._train)]
+            step += 1
+
+    def eval_batches(self) -> Iterator[Batch]:
+        batch_size = self._eval_global_batch_size
+        batch = self._make_batch(jax.random.key(self._seed + 1), batch_size)
+        sharding = mesh_lib.batch_sharding(self._mesh)
+        for start in range(0, self.num_eval_examples, batch_size):
+            valid = min(batch_size, self.num_eval_examples - start)
+            mask = jax.device_put(np.arange(batch_size) < valid, sharding)
+            yield {**batch, "mask": mask}
+
+
+class ArraySource:
+    """Training and evaluation from NumPy arrays held in host memory (research code, tests, the demo).
+
+    Every process passes the same full arrays and reads its own disjoint share (`process_share`). The
+    training stream visits the share in a fresh permutation each epoch, seeded by (seed, epoch, process),
+    and runs on across epoch boundaries, so step s always sees the same images and a restart at step s
+    needs no replay.
+    """
+
+    def __init__(self, train_images: np.ndarray, train_labels: np.ndarray, eval_images: np.ndarray,
+                 eval_labels: np.ndarray, *, global_batch_size: int, eval_global_batch_size: int,
+                 mesh: Mesh, seed: int = 0, shuffle: bool = True, num_classes: int | None = None):
+        for name, images, labels in (("train", train_images, train_labels),
+                                     ("eval", eval_images, eval_labels)):
+            _check_arrays(name, images, labels, num_classes)
+        train_labels = np.asarray(train_labels, np.int32)
+        eval_labels = np.asarray(eval_labels, np.int32)
+        self._mesh = mesh
+        self._seed = seed
+        self._shuffle = shuffle
+        self._local_batch = mesh_lib.local_batch_size(global_batch_size, mesh)
+        self._local_eval_batch = mesh_lib.local_batch_size(eval_global_batch_size, mesh)
+        index, count = jax.process_index(), jax.process_count()
+        start, stop = process_share(len(train_labels), index, count)
+        self._train_images, self._train_labels = train_images[start:stop], train_labels[start:stop]
+        start, stop = process_share(len(eval_labels), index, count)
+        self._eval_images, self._eval_labels = eval_images[start:stop], eval_labels[start:stop]
+        # Every process must run the same number of eval steps, so all pad to the largest share.
+        largest_eval_share = math.ceil(len(eval_labels) / count)
+        self._num_eval_batches = math.ceil(largest_eval_share / self._local_eval_batch)
+        self.num_train_examples = len(train_labels)
+        self.num_eval_examples = len(eval_labels)
+        if len(self._train_labels) == 0:
+            raise ValueError(f"Process {index} of {count} got no training examples: pass more examples.")
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        n = len(self._train_labels)
+        if not self._shuffle:
+            return np.arange(n)
+        rng = np.random.default_rng((self._seed, epoch, jax.process_index()))
+        return rng.permutation(n)
+
+    def train_batches(self, start_step: int = 0) -> Iterator[Batch]:
+        n = len(self._train_labels)
+        position = start_step * self._local_batch  # Index into the endless stream of epochs.
+        epoch, order = position // n, self._epoch_order(position // n)
+        while True:
+            indices = []
+            while len(indices) < self._local_batch:
+                if position // n != epoch:
+                    epoch, order = position // n, self._epoch_order(position // n)
+                take = min(self._local_batch - len(indices), n - position % n)
+                indices.extend(order[position % n: position % n + take])
+                position += take
+            indices = np.asarray(indices)
+            local = {"images": self._train_images[indices], "labels": self._train_labels[indices]}
+            yield mesh_lib.host_local_to_global(local, self._mesh)
+
+    def eval_batches(self) -> Iterator[Batch]:
+        b = self._local_eval_batch
+        for i in range(self._num_eval_batches):
+            images = self._eval_images[i * b: (i + 1) * b]
+            labels = self._eval_labels[i * b: (i + 1) * b]
+            valid = len(labels)
+            pad = b - valid
+            local = {
+                "images": np.concatenate([images, np.zeros((pad, *images.shape[1:]), images.dtype)])
+                if pad else images,
+                "labels": np.concatenate([labels, np.zeros((pad,), labels.dtype)]) if pad else labels,
+                "mask": np.arange(b) < valid,
+            }
+            yield mesh_lib.host_local_to_global(local, self._mesh)
+
+
+def _check_arrays(name: str, images: np.ndarray, labels: np.ndarray, num_classes: int | None) -> None:
+    """Refuses arrays the steps cannot take, naming what is wrong."""
+    images, labels = np.asarray(images), np.asarray(labels)
+    if images.dtype != np.uint8:
+        raise ValueError(f"{name} images must be uint8 pixels in [0, 255], got {images.dtype}; "
+                         "normalisation happens on the device.")
+    if images.ndim != 4 or images.shape[-1] != 3:
+        raise ValueError(f"{name} images must be [N, H, W, 3] (NHWC, RGB), got shape {images.shape}.")
+    if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
+        raise ValueError(f"{name} labels must be [N] with N = {images.shape[0]} images, got shape "
+                         f"{labels.shape}.")
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"{name} labels must be integers, got {labels.dtype}.")
+    if len(labels) and (labels.min() < 0 or (num_classes is not None and labels.max() >= num_classes)):
+        raise ValueError(f"{name} labels must lie in [0, {num_classes}), found {labels.min()}.."
+                         f"{labels.max()}; set config.model.num_classes to match the data.")

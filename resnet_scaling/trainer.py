@@ -1,0 +1,167 @@
+"""`train_and_evaluate(config, workdir)`: wires config -> mesh -> data -> model -> step -> metrics.
+
+The only module that decides who writes: process 0 logs and writes metric files; every process trains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from resnet_scaling import config as config_lib
+from resnet_scaling import data as data_lib
+from resnet_scaling import mesh as mesh_lib
+from resnet_scaling import metrics as metrics_lib
+from resnet_scaling import models, optim, steps
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What a run leaves behind.
+
+    Attributes:
+      state: the final train state (replicated on the mesh).
+      plan: the derived sizes and durations of the run.
+      train_history: one record per log point (step, loss, top1, top5, images_per_sec, ...).
+      eval_history: one record per evaluation (step, eval_loss, eval_top1, eval_top5, eval_count).
+      compile_sec: time to compile the train step.
+    """
+
+    state: steps.TrainState
+    plan: config_lib.TrainingPlan
+    train_history: list[dict[str, float]]
+    eval_history: list[dict[str, float]]
+    compile_sec: float
+
+
+def evaluate(eval_step_fn: Any, state: steps.TrainState, source: data_lib.DataSource) -> dict[str, float]:
+    """Runs one exact pass over the evaluation split; sums stay on the device until the end."""
+    totals = None
+    for batch in source.eval_batches():
+        sums = eval_step_fn(state, batch)
+        totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
+    if totals is None:
+        raise ValueError("The evaluation split is empty.")
+    return metrics_lib.summarize_eval(jax.device_get(totals))
+
+
+def train_and_evaluate(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None,
+    devices: list[jax.Device] | None = None,
+) -> TrainResult:
+    """Trains and evaluates a ResNet as `config` describes.
+
+    Args:
+      config: a config from `configs/` or `config.get_base_config()`; validated here.
+      workdir: where metric files go (process 0 only).
+      arrays: `(train_images, train_labels, eval_images, eval_labels)` NumPy arrays for
+        `config.data.source == "arrays"`; images uint8 NHWC, labels integers.
+      devices: devices for the mesh (default: all of the job's).
+
+    Returns:
+      A `TrainResult` with the final state and the logged metrics.
+    """
+    config_lib.validate(config)
+    mesh = mesh_lib.create_mesh(config.mesh.num_devices, devices)
+    config_lib.validate(config, mesh.size)
+    is_writer = jax.process_index() == 0
+    log = logger.info if is_writer else logger.debug
+    device = mesh.devices.flat[0]
+    log("Mesh: %d devices (%s, %s) over %d process(es), axes %s.", mesh.size, device.platform,
+        device.device_kind, jax.process_count(), dict(mesh.shape))
+
+    source = data_lib.create_data_source(config, mesh, arrays)
+    plan = config_lib.derive(config, source.num_train_examples, mesh.size)
+    log("Batch: %d global, %d per device; %d steps (%d per epoch, %.2f epochs), %d warm-up; peak LR %.4g.",
+        plan.global_batch_size, plan.per_device_batch_size, plan.total_steps, plan.steps_per_epoch,
+        plan.total_steps / plan.steps_per_epoch, plan.warmup_steps, plan.peak_learning_rate)
+
+    model = models.model_from_config(config)
+    learning_rate_fn = optim.create_learning_rate_schedule(config, plan)
+    tx = optim.create_optimizer(config, learning_rate_fn)
+    state = steps.create_train_state(jax.random.key(config.seed), model, tx, config.data.image_size, mesh,
+                                     optim.create_dynamic_scale(config))
+    num_params = sum(x.size for x in jax.tree.leaves(state.params))
+    log("Model: %s, %s parameters, compute dtype %s.", config.model.name, f"{num_params:,}",
+        config.model.compute_dtype)
+    step_config = steps.StepConfig.from_config(config)
+    eval_step_fn = steps.jit_eval_step(state, mesh, step_config)
+
+    batches = source.train_batches(start_step=0)
+    batch = next(batches)
+    start = time.perf_counter()
+    train_step_fn = steps.jit_train_step(state, mesh, learning_rate_fn, step_config).lower(
+        state, batch).compile()
+    compile_sec = time.perf_counter() - start
+    log("Compiled the train step in %.1fs%s.", compile_sec, _memory_note(train_step_fn))
+
+    writers = metrics_lib.MetricWriters(workdir) if is_writer else None
+    buffer = metrics_lib.MetricsBuffer()
+    timer = metrics_lib.ThroughputTimer(plan.global_batch_size)
+    train_history: list[dict[str, float]] = []
+    eval_history: list[dict[str, float]] = []
+    log_every = config.training.log_every_steps
+    timer.start()
+    try:
+        for step in range(1, plan.total_steps + 1):  # `step` counts the steps done after this one.
+            if step > 1:
+                batch = next(batches)
+            state, step_metrics = train_step_fn(state, batch)
+            buffer.append(step_metrics)
+            timer.count()
+            if step % log_every == 0 or step == plan.total_steps:
+                record = {"step": step, "epoch": step / plan.steps_per_epoch, **buffer.mean(),
+                          **timer.read_and_reset()}
+                if not math.isfinite(record["loss"]):
+                    raise FloatingPointError(
+                        f"Training loss is {record['loss']} in steps {step - log_every + 1}..{step}; "
+                        "lower the learning rate or use float32/bfloat16 compute.")
+                train_history.append(record)
+                if is_writer:
+                    eta = (plan.total_steps - step) * record.get("sec_per_step", 0.0)
+                    logger.info(
+                        "step %d/%d (epoch %.2f): loss %.4f, top1 %.3f, top5 %.3f, lr %.4g, "
+                        "%.1f images/sec, ETA %s", step, plan.total_steps, record["epoch"],
+                        record["loss"], record["top1"], record["top5"], record["learning_rate"],
+                        record.get("images_per_sec", float("nan")), metrics_lib.format_duration(eta))
+                    writers.write(step, record)
+            if (plan.eval_every_steps and step % plan.eval_every_steps == 0) or step == plan.total_steps:
+                timer.pause()  # Evaluation stays off the training clock.
+                eval_start = time.perf_counter()
+                eval_metrics = {"step": step, **evaluate(eval_step_fn, state, source),
+                                "eval_sec": time.perf_counter() - eval_start}
+                eval_history.append(eval_metrics)
+                if is_writer:
+                    logger.info("eval at step %d: loss %.4f, top1 %.4f, top5 %.4f over %d images (%.1fs)",
+                                step, eval_metrics["eval_loss"], eval_metrics["eval_top1"],
+                                eval_metrics["eval_top5"], eval_metrics["eval_count"],
+                                eval_metrics["eval_sec"])
+                    writers.write(step, eval_metrics)
+                timer.start()
+    finally:
+        if writers is not None:
+            writers.close()
+    return TrainResult(state=state, plan=plan, train_history=train_history, eval_history=eval_history,
+                       compile_sec=compile_sec)
+
+
+def _memory_note(compiled: Any) -> str:
+    """", N MiB per device (arguments, outputs, temporaries)" where the backend reports it."""
+    try:
+        m = compiled.memory_analysis()
+        total = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+    except Exception:  # noqa: BLE001 - not every backend implements memory analysis.
+        return ""
+    return f", {total / 2**20:.0f} MiB per device (arguments, outputs, temporaries)"
