@@ -1,0 +1,61 @@
+"""resnet_scaling: ResNet v1.5 on ImageNet in JAX/Flax, from one accelerator to a TPU pod slice.
+
+The public API, for research code that skips the command line:
+
+    from resnet_scaling import get_base_config, train_and_evaluate
+    config = get_base_config()
+    result = train_and_evaluate(config, workdir="/tmp/run")
+"""
+
+from resnet_scaling.config import ConfigError, TrainingPlan, derive, get_base_config, validate
+from resnet_scaling.data import ArraySource, DataSource, SyntheticSource, create_data_source, make_shapes
+from resnet_scaling.mesh import batch_sharding, create_mesh, host_local_to_global, replicated_sharding
+from resnet_scaling.models import ResNet, create_model, model_from_config
+from resnet_scaling.optim import create_dynamic_scale, create_learning_rate_schedule, create_optimizer
+from resnet_scaling.steps import (
+    StepConfig,
+    TrainState,
+    create_train_state,
+    eval_step,
+    jit_eval_step,
+    jit_train_step,
+    train_step,
+)
+from resnet_scaling.trainer import TrainResult, evaluate, train_and_evaluate
+from resnet_scaling.weights import from_torchvision, load_torchvision_file
+
+__all__ = [
+    "ArraySource",
+    "ConfigError",
+    "DataSource",
+    "ResNet",
+    "StepConfig",
+    "SyntheticSource",
+    "TrainResult",
+    "TrainState",
+    "TrainingPlan",
+    "batch_sharding",
+    "create_data_source",
+    "create_dynamic_scale",
+    "create_learning_rate_schedule",
+    "create_mesh",
+    "create_model",
+    "create_optimizer",
+    "create_train_state",
+    "derive",
+    "eval_step",
+    "evaluate",
+    "from_torchvision",
+    "get_base_config",
+    "host_local_to_global",
+    "jit_eval_step",
+    "jit_train_step",
+    "load_torchvision_file",
+    "make_shapes",
+    "model_from_config",
+    "replicated_sharding",
+    "train_and_evaluate",
+    "train_step",
+    "validate",
+]
+__version__ = "0.1.0"

@@ -235,6 +235,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
         "must be >= 0.",
     )
     _require(config.schedule.end_learning_rate >= 0, "schedule.end_learning_rate", "must be >= 0.")
+    _require(config.schedule.decay_factor > 0, "schedule.decay_factor", "must be positive (0.1 decays 10x).")
     _require(config.schedule.polynomial_power > 0, "schedule.polynomial_power", "must be positive.")
     boundaries = list(config.schedule.boundary_epochs)
     _require(

@@ -41,8 +41,13 @@ def create_learning_rate_schedule(
         decay = optax.polynomial_schedule(peak, s.end_learning_rate, s.polynomial_power, decay_steps)
     elif s.name == "piecewise":
         # Boundaries are absolute epochs; the decay part of the schedule starts counting after warm-up.
-        boundaries = {plan.epochs_to_steps(e) - warmup: s.decay_factor for e in s.boundary_epochs}
-        decay = optax.piecewise_constant_schedule(peak, {b: f for b, f in boundaries.items() if b > 0})
+        # A boundary at or before the end of warm-up applies from the first step after it (the warm-up
+        # itself still ramps to the peak), and boundaries that land on the same step compound.
+        boundaries: dict[int, float] = {}
+        for e in s.boundary_epochs:
+            b = max(0, plan.epochs_to_steps(e) - warmup)
+            boundaries[b] = boundaries.get(b, 1.0) * s.decay_factor
+        decay = optax.piecewise_constant_schedule(peak, boundaries)
     elif s.name == "constant":
         decay = optax.constant_schedule(peak)
     else:

@@ -51,5 +51,5 @@ def create_data_source(
     return ArraySource(
         *arrays, global_batch_size=training.global_batch_size,
         eval_global_batch_size=config.eval.global_batch_size, mesh=mesh, seed=config.seed,
-        shuffle=data.shuffle, num_classes=config.model.num_classes,
+        shuffle=data.shuffle, num_classes=config.model.num_classes, image_size=data.image_size,
     )

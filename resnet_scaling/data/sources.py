@@ -101,10 +101,11 @@ class ArraySource:
 
     def __init__(self, train_images: np.ndarray, train_labels: np.ndarray, eval_images: np.ndarray,
                  eval_labels: np.ndarray, *, global_batch_size: int, eval_global_batch_size: int,
-                 mesh: Mesh, seed: int = 0, shuffle: bool = True, num_classes: int | None = None):
+                 mesh: Mesh, seed: int = 0, shuffle: bool = True, num_classes: int | None = None,
+                 image_size: int | None = None):
         for name, images, labels in (("train", train_images, train_labels),
                                      ("eval", eval_images, eval_labels)):
-            _check_arrays(name, images, labels, num_classes)
+            _check_arrays(name, images, labels, num_classes, image_size)
         train_labels = np.asarray(train_labels, np.int32)
         eval_labels = np.asarray(eval_labels, np.int32)
         self._mesh = mesh
@@ -164,7 +165,8 @@ class ArraySource:
             yield mesh_lib.host_local_to_global(local, self._mesh)
 
 
-def _check_arrays(name: str, images: np.ndarray, labels: np.ndarray, num_classes: int | None) -> None:
+def _check_arrays(name: str, images: np.ndarray, labels: np.ndarray, num_classes: int | None,
+                  image_size: int | None) -> None:
     """Refuses arrays the steps cannot take, naming what is wrong."""
     images, labels = np.asarray(images), np.asarray(labels)
     if images.dtype != np.uint8:
@@ -172,6 +174,9 @@ def _check_arrays(name: str, images: np.ndarray, labels: np.ndarray, num_classes
                          "normalisation happens on the device.")
     if images.ndim != 4 or images.shape[-1] != 3:
         raise ValueError(f"{name} images must be [N, H, W, 3] (NHWC, RGB), got shape {images.shape}.")
+    if image_size is not None and images.shape[1:3] != (image_size, image_size):
+        raise ValueError(f"{name} images are {images.shape[1]}x{images.shape[2]} pixels but "
+                         f"config.data.image_size is {image_size}; resize them or set it to match.")
     if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
         raise ValueError(f"{name} labels must be [N] with N = {images.shape[0]} images, got shape "
                          f"{labels.shape}.")

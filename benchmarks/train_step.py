@@ -1,0 +1,219 @@
+"""Times the library's real training step (the trainer's own functions) on synthetic on-device batches.
+
+CPU:  python benchmarks/train_step.py --dtype=float32 --batch_size=16
+GPU:  python benchmarks/train_step.py --dtype=bfloat16 --batch_size=256
+
+The step is compiled ahead of time (`jit(...).lower(state, batch).compile()`) and that executable runs
+every warm-up and timed step. Each repeat dispatches `--steps` steps back to back and synchronises once
+at its end. Prints a table and writes JSON (timings, memory, FLOPs, environment) to `--json_out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import flax
+import jax
+import jaxlib
+
+from resnet_scaling import config as config_lib
+from resnet_scaling import data as data_lib
+from resnet_scaling import mesh as mesh_lib
+from resnet_scaling import models, optim, steps
+from resnet_scaling.data.sources import SyntheticSource
+
+# (phase, event) -> count of JAX tracing / XLA compilation events, from jax.monitoring (nothing wrapped).
+EVENTS: collections.Counter[tuple[str, str]] = collections.Counter()
+PHASE = ["setup"]
+WATCHED = {"/jax/core/compile/jaxpr_trace_duration": "traces",
+           "/jax/core/compile/backend_compile_duration": "compiles"}
+
+
+def _on_event(event: str, duration: float, **kwargs: Any) -> None:
+    """Counts trace and compile events per benchmark phase."""
+    if event in WATCHED:
+        EVENTS[PHASE[0], WATCHED[event]] += 1
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command-line options."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="resnet50", choices=config_lib.MODEL_NAMES)
+    p.add_argument("--dtype", default="float32", choices=config_lib.COMPUTE_DTYPES)
+    p.add_argument("--batch_size", type=int, default=16, help="Global batch size.")
+    p.add_argument("--image_size", type=int, default=224)
+    p.add_argument("--optimizer", default="sgd", choices=config_lib.OPTIMIZERS)
+    p.add_argument("--steps", type=int, default=5, help="Timed steps per repeat.")
+    p.add_argument("--warmup_steps", type=int, default=2, help="Untimed steps after compiling.")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--num_devices", type=int, default=-1, help="-1: all devices.")
+    p.add_argument("--json_out", default=None, help="Default: benchmarks/results/train_step-....json")
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.repeats < 1 or args.warmup_steps < 0:
+        p.error("--steps and --repeats must be >= 1, --warmup_steps >= 0.")
+    return args
+
+
+def make_config(args: argparse.Namespace) -> Any:
+    """The base config with the benchmark's overrides (validated by the caller)."""
+    config = config_lib.get_base_config()
+    config.update_from_flattened_dict({
+        "model.name": args.model, "model.compute_dtype": args.dtype, "data.source": "synthetic",
+        "data.image_size": args.image_size, "training.global_batch_size": args.batch_size,
+        "eval.global_batch_size": args.batch_size, "optimizer.name": args.optimizer,
+        "mesh.num_devices": args.num_devices})
+    return config
+
+
+def memory_stats(compiled: Any, device: jax.Device) -> dict[str, int | None]:
+    """XLA's per-device memory analysis of the executable, and the device's peak use where reported."""
+    try:
+        m = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 - not every backend implements it.
+        m = None
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # noqa: BLE001 - CPU devices have none.
+        stats = {}
+    names = ("argument", "output", "alias", "temp", "generated_code")
+    return {**{f"{n}_bytes": getattr(m, f"{n}_size_in_bytes", None) for n in names},
+            "peak_bytes_in_use": stats.get("peak_bytes_in_use"), "bytes_limit": stats.get("bytes_limit")}
+
+
+def flops_per_device(compiled: Any) -> float | None:
+    """FLOPs of one step of the (per-device, SPMD-partitioned) program; cost_analysis is a dict, a list
+    of dicts or None depending on the jax version and backend."""
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001
+        return None
+    cost = (cost[0] if cost else None) if isinstance(cost, (list, tuple)) else cost
+    flops = cost.get("flops") if isinstance(cost, dict) else None
+    return float(flops) if flops is not None and flops > 0 else None
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Builds the trainer's state and step, compiles, warms up and times; returns the results."""
+    config = make_config(args)
+    config_lib.validate(config)
+    mesh = mesh_lib.create_mesh(config.mesh.num_devices)
+    config_lib.validate(config, mesh.size)
+    source = data_lib.create_data_source(config, mesh)  # The trainer's path: a SyntheticSource here.
+    assert isinstance(source, SyntheticSource), type(source)
+    plan = config_lib.derive(config, source.num_train_examples, mesh.size)
+    model = models.model_from_config(config)
+    learning_rate_fn = optim.create_learning_rate_schedule(config, plan)
+    tx = optim.create_optimizer(config, learning_rate_fn)
+    state = steps.create_train_state(jax.random.key(config.seed), model, tx, config.data.image_size, mesh,
+                                     optim.create_dynamic_scale(config))
+    num_params = sum(x.size for x in jax.tree.leaves(state.params))
+    step_config = steps.StepConfig.from_config(config)
+    batches = source.train_batches()
+    batch = next(batches)  # The source cycles a few distinct batches already sharded on the mesh.
+
+    PHASE[0] = "compile"
+    start = time.perf_counter()
+    compiled = steps.jit_train_step(state, mesh, learning_rate_fn, step_config).lower(state, batch).compile()
+    compile_sec = time.perf_counter() - start
+
+    PHASE[0] = "run"  # From here on every step must be the AOT executable: no tracing, no compiling.
+    for _ in range(args.warmup_steps):
+        state, metrics = compiled(state, next(batches))  # The state is donated: always rebind it.
+    jax.block_until_ready(state)
+    repeat_sec = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            state, metrics = compiled(state, next(batches))
+        jax.block_until_ready((state, metrics))
+        repeat_sec.append(time.perf_counter() - start)
+    PHASE[0] = "done"
+    num_run_steps = args.warmup_steps + args.repeats * args.steps
+    assert int(state.step) == num_run_steps, f"state.step {int(state.step)} != {num_run_steps} steps run"
+    assert EVENTS["run", "traces"] == 0 and EVENTS["run", "compiles"] == 0, f"Retraced: {dict(EVENTS)}"
+
+    device = mesh.devices.flat[0]
+    images_per_sec = [config.training.global_batch_size * args.steps / s for s in repeat_sec]
+    sec_per_step = statistics.median(repeat_sec) / args.steps
+    flops_dev = flops_per_device(compiled)
+    flops = flops_dev * mesh.size if flops_dev else None
+    return {
+        "benchmark": "train_step",
+        "config": {**{k: v for k, v in vars(args).items() if k != "json_out"}, "num_params": int(num_params),
+                   "per_device_batch_size": plan.per_device_batch_size},
+        "compile_sec": compile_sec,  # Wall time of jit(...).lower(state, batch).compile().
+        "images_per_sec_median": statistics.median(images_per_sec), "images_per_sec_min": min(images_per_sec),
+        "images_per_sec_max": max(images_per_sec), "images_per_sec_repeats": images_per_sec,
+        "images_per_sec_per_device": statistics.median(images_per_sec) / mesh.size,
+        "sec_per_step_median": sec_per_step,
+        # cost_analysis describes the partitioned program one device runs; the step's total is x devices.
+        "flops_per_step_per_device": flops_dev, "flops_per_step": flops,
+        "gflops_per_sec": flops / sec_per_step / 1e9 if flops else None,
+        "gflops_per_sec_per_device": flops_dev / sec_per_step / 1e9 if flops_dev else None,
+        "memory": memory_stats(compiled, device),
+        "jax_events": {f"{phase}_{kind}": EVENTS[phase, kind] for phase in ("setup", "compile", "run")
+                       for kind in ("traces", "compiles")},
+        "steps_run_with_compiled_executable": num_run_steps,
+        "environment": {
+            "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
+            "python": platform.python_version(), "platform": device.platform,
+            "device_kind": device.device_kind,
+            "num_devices": mesh.size, "num_visible_devices": jax.device_count(), "cpu_count": os.cpu_count(),
+            "default_matmul_precision": jax.config.jax_default_matmul_precision,
+            "command": shlex.join([sys.executable, *sys.argv]),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
+    }
+
+
+def print_table(r: dict[str, Any]) -> None:
+    """A small Markdown table of the headline numbers."""
+    c, e, m = r["config"], r["environment"], r["memory"]
+
+    def fmt(v: float | None, spec: str, scale: float = 1.0, unit: str = "") -> str:
+        return "n/a" if v is None else f"{v / scale:{spec}}{unit}"
+
+    keys = ("argument_bytes", "output_bytes", "temp_bytes", "peak_bytes_in_use")
+    mib = " / ".join(fmt(m[k], ".1f", 2**20, " MiB") for k in keys)
+    rows = [
+        ("model / dtype / optimizer", f"{c['model']} / {c['dtype']} / {c['optimizer']}"),
+        ("batch (global / per device), image", f"{c['batch_size']} / {c['per_device_batch_size']}, "
+                                               f"{c['image_size']} px"),
+        ("devices", f"{e['num_devices']} x {e['device_kind']} ({e['platform']})"),
+        ("compile (lower + compile)", f"{r['compile_sec']:.2f} s"),
+        ("images/sec median [min, max]", f"{r['images_per_sec_median']:.2f} [{r['images_per_sec_min']:.2f}, "
+                                         f"{r['images_per_sec_max']:.2f}]"),
+        ("images/sec per device; sec/step median", f"{r['images_per_sec_per_device']:.2f}; "
+                                                   f"{r['sec_per_step_median'] * 1e3:.1f} ms"),
+        ("GFLOP/step; achieved GFLOP/s (all devices)",
+         f"{fmt(r['flops_per_step'], '.2f', 1e9)}; {fmt(r['gflops_per_sec'], '.1f')}"),
+        ("memory per device: arg / out / temp / peak in use", mib),
+    ]
+    print("| metric | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows))
+
+
+def main(argv: list[str]) -> None:
+    """Runs the benchmark, prints the table and writes the JSON."""
+    args = parse_args(argv)
+    jax.monitoring.register_event_duration_secs_listener(_on_event)
+    result = run(args)
+    print_table(result)
+    out = args.json_out or str(Path(__file__).resolve().parent / "results" / (
+        f"train_step-{result['environment']['platform']}-{args.model}-{args.dtype}-b{args.batch_size}.json"))
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"Wrote {out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,282 @@
+"""Tests for the base config, `derive` (the training plan) and `validate` (`resnet_scaling.config`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import pytest
+
+from resnet_scaling import config as config_lib
+from resnet_scaling.config import ConfigError, derive, get_base_config, validate
+
+CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
+CONFIG_FILES = sorted(CONFIGS_DIR.glob("*.py"))
+
+
+def _load_config_module(path: pathlib.Path):
+    spec = importlib.util.spec_from_file_location(f"_config_under_test_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# --------------------------------------------------------------------------- config files
+
+
+def test_config_files_found():
+    # Guards the parametrisation below against silently covering nothing.
+    assert {"default.py", "demo.py"} <= {p.name for p in CONFIG_FILES}
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.stem)
+def test_config_file_validates(path):
+    config = _load_config_module(path).get_config()
+    validate(config)
+    # A power-of-two device count every shipped config should run on.
+    validate(config, num_devices=4)
+    plan = derive(config, config.data.num_train_examples, num_devices=4)
+    assert plan.total_steps >= 1
+    assert plan.steps_per_epoch >= 1
+
+
+def test_base_config_validates_on_a_pod_slice():
+    validate(get_base_config(), num_devices=512)
+
+
+# --------------------------------------------------------------------------- derive
+
+
+def test_derive_imagenet_goyal_recipe():
+    plan = derive(get_base_config(), config_lib.IMAGENET_NUM_TRAIN_EXAMPLES, num_devices=8)
+    assert plan.global_batch_size == 1024
+    assert plan.per_device_batch_size == 128
+    assert plan.steps_per_epoch == 1252  # ceil(1_281_167 / 1024) = ceil(1251.14)
+    assert plan.total_steps == 112_680  # 90 * 1252
+    assert plan.warmup_steps == 6260  # 5 * 1252
+    assert plan.peak_learning_rate == pytest.approx(0.4)  # 0.1 * 1024 / 256
+    assert plan.eval_every_steps == 1252  # every epoch
+    assert plan.num_devices == 8
+    assert plan.epochs_to_steps(30) == 37_560
+
+
+def test_derive_demo_config():
+    config = _load_config_module(CONFIGS_DIR / "demo.py").get_config()
+    plan = derive(config, 12_000, num_devices=2)
+    assert plan.steps_per_epoch == 94  # ceil(12_000 / 128) = ceil(93.75)
+    assert plan.total_steps == 564  # 6 * 94
+    assert plan.warmup_steps == 47  # round(0.5 * 94)
+    assert plan.eval_every_steps == 188  # 2 * 94
+    assert plan.per_device_batch_size == 64
+    assert plan.peak_learning_rate == pytest.approx(0.05)  # 0.1 * 128 / 256
+
+
+def test_derive_fractional_epochs_round_total_steps_up():
+    config = get_base_config()
+    config.training.num_epochs = 0.3
+    plan = derive(config, config_lib.IMAGENET_NUM_TRAIN_EXAMPLES, num_devices=8)
+    assert plan.total_steps == 376  # ceil(0.3 * 1252) = ceil(375.6)
+    config.training.num_epochs = 0.5
+    plan = derive(config, 1000, num_devices=1)  # one step per epoch at batch 1024
+    assert plan.steps_per_epoch == 1
+    assert plan.total_steps == 1  # ceil(0.5), never 0
+
+
+def test_derive_num_train_steps_overrides_epochs():
+    config = get_base_config()
+    config.training.num_train_steps = 500
+    config.training.num_epochs = 90.0
+    plan = derive(config, config_lib.IMAGENET_NUM_TRAIN_EXAMPLES, num_devices=8)
+    assert plan.total_steps == 500
+    assert plan.steps_per_epoch == 1252  # still defines epochs (for eval and piecewise boundaries)
+    # Warm-up of 5 epochs (6260 steps) is clipped to the run's length.
+    assert plan.warmup_steps == 500
+
+
+def test_derive_warmup_steps_override_warmup_epochs():
+    config = get_base_config()
+    config.schedule.warmup_epochs = 5.0
+    config.schedule.warmup_steps = 123
+    plan = derive(config, config_lib.IMAGENET_NUM_TRAIN_EXAMPLES, num_devices=8)
+    assert plan.warmup_steps == 123
+
+    config.schedule.warmup_steps = 0  # 0 is an explicit "no warm-up", not "derive from epochs"
+    plan = derive(config, config_lib.IMAGENET_NUM_TRAIN_EXAMPLES, num_devices=8)
+    assert plan.warmup_steps == 0
+
+
+def test_derive_lr_scaling_none_keeps_base_learning_rate():
+    config = get_base_config()
+    config.optimizer.base_learning_rate = 2.9
+    config.optimizer.lr_scaling = "none"
+    config.training.global_batch_size = 32_768
+    plan = derive(config, config_lib.IMAGENET_NUM_TRAIN_EXAMPLES, num_devices=256)
+    assert plan.peak_learning_rate == pytest.approx(2.9)
+
+    config.optimizer.lr_scaling = "linear"
+    plan = derive(config, config_lib.IMAGENET_NUM_TRAIN_EXAMPLES, num_devices=256)
+    assert plan.peak_learning_rate == pytest.approx(2.9 * 32_768 / 256)
+
+
+@pytest.mark.parametrize(
+    ("every_epochs", "expected"),
+    [(1.0, 1252), (2.0, 2504), (0.5, 626), (0.0, 0), (-1.0, 0), (1e-9, 1)],
+)
+def test_derive_eval_every_steps(every_epochs, expected):
+    config = get_base_config()
+    config.eval.every_epochs = every_epochs
+    plan = derive(config, config_lib.IMAGENET_NUM_TRAIN_EXAMPLES, num_devices=8)
+    assert plan.eval_every_steps == expected
+
+
+@pytest.mark.parametrize(("num_devices", "expected"), [(1, 1024), (8, 128), (512, 2)])
+def test_derive_per_device_batch_size(num_devices, expected):
+    plan = derive(get_base_config(), config_lib.IMAGENET_NUM_TRAIN_EXAMPLES, num_devices=num_devices)
+    assert plan.per_device_batch_size == expected
+    assert plan.global_batch_size == 1024
+
+
+def test_derive_refuses_empty_training_split():
+    with pytest.raises(ConfigError, match="empty"):
+        derive(get_base_config(), 0, num_devices=1)
+
+
+# --------------------------------------------------------------------------- validate
+
+
+@pytest.mark.parametrize(
+    ("batch", "num_devices", "suggestions"),
+    [(1000, 512, ("512", "1024")), (100, 8, ("96", "104")), (4, 8, ("8", "16"))],
+)
+def test_validate_refuses_indivisible_train_batch(batch, num_devices, suggestions):
+    config = get_base_config()
+    config.training.global_batch_size = batch
+    config.eval.global_batch_size = num_devices  # divisible, so the training batch is what fails
+    with pytest.raises(ConfigError, match="training.global_batch_size") as info:
+        validate(config, num_devices=num_devices)
+    message = str(info.value)
+    assert f"multiple of {num_devices}" in message
+    for suggestion in suggestions:
+        assert suggestion in message
+    # Without a device count the same config is fine.
+    validate(config)
+
+
+def test_validate_refuses_indivisible_eval_batch():
+    config = get_base_config()
+    config.eval.global_batch_size = 1000
+    with pytest.raises(ConfigError, match="eval.global_batch_size") as info:
+        validate(config, num_devices=16)
+    assert "multiple of 16" in str(info.value)
+    assert "992" in str(info.value) and "1008" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("section", "name", "value", "choices"),
+    [
+        ("model", "name", "resnet51", config_lib.MODEL_NAMES),
+        ("optimizer", "name", "adam", config_lib.OPTIMIZERS),
+        ("model", "compute_dtype", "float8", config_lib.COMPUTE_DTYPES),
+        ("schedule", "name", "linear", config_lib.SCHEDULES),
+        ("data", "source", "imagenet2012", config_lib.DATA_SOURCES),
+        ("optimizer", "lr_scaling", "sqrt", config_lib.LR_SCALINGS),
+    ],
+)
+def test_validate_refuses_unknown_choice(section, name, value, choices):
+    config = get_base_config()
+    config[section][name] = value
+    with pytest.raises(ConfigError, match=f"{section}.{name}") as info:
+        validate(config)
+    message = str(info.value)
+    assert repr(value) in message
+    for choice in choices:
+        assert choice in message
+
+
+@pytest.mark.parametrize(
+    ("section", "name", "value"),
+    [
+        ("training", "global_batch_size", 0),
+        ("training", "global_batch_size", -8),
+        ("eval", "global_batch_size", 0),
+        ("data", "image_size", -1),
+        ("model", "num_classes", 0),
+        ("model", "num_filters", 0),
+        ("data", "num_train_examples", 0),
+        ("optimizer", "base_learning_rate", 0.0),
+        ("optimizer", "lr_reference_batch_size", -256),
+    ],
+)
+def test_validate_refuses_non_positive_sizes(section, name, value):
+    config = get_base_config()
+    config[section][name] = value
+    with pytest.raises(ConfigError, match=f"{section}.{name}: must be positive, got {value}"):
+        validate(config, num_devices=8)
+
+
+@pytest.mark.parametrize("smoothing", [-0.1, 1.0, 1.5])
+def test_validate_refuses_label_smoothing_out_of_range(smoothing):
+    config = get_base_config()
+    config.training.label_smoothing = smoothing
+    with pytest.raises(ConfigError, match=r"training.label_smoothing: must lie in \[0, 1\)"):
+        validate(config)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.99])
+def test_validate_accepts_label_smoothing_in_range(smoothing):
+    config = get_base_config()
+    config.training.label_smoothing = smoothing
+    validate(config)
+
+
+@pytest.mark.parametrize("boundaries", [(60.0, 30.0, 80.0), (30.0, 60.0, 50.0), (0.0, 30.0), (-1.0,)])
+def test_validate_refuses_bad_piecewise_boundaries(boundaries):
+    config = get_base_config()
+    config.schedule.boundary_epochs = boundaries
+    with pytest.raises(ConfigError, match="schedule.boundary_epochs: must be positive and increasing"):
+        validate(config)
+
+
+@pytest.mark.parametrize("size", [31, 16, 1])
+def test_validate_refuses_image_size_below_32(size):
+    config = get_base_config()
+    config.data.image_size = size
+    with pytest.raises(ConfigError, match="data.image_size") as info:
+        validate(config)
+    assert "at least 32" in str(info.value)
+    config.data.image_size = 32
+    validate(config)
+
+
+@pytest.mark.parametrize(
+    ("section", "name", "value", "field"),
+    [
+        ("model", "bn_momentum", 1.0, "model.bn_momentum"),
+        ("optimizer", "momentum", -0.1, "optimizer.momentum"),
+        ("optimizer", "weight_decay", -1e-4, "optimizer.weight_decay"),
+        ("schedule", "end_learning_rate", -1.0, "schedule.end_learning_rate"),
+        ("schedule", "polynomial_power", 0.0, "schedule.polynomial_power"),
+        ("data", "stddev_rgb", (0.2, 0.0, 0.2), "data.stddev_rgb"),
+        ("data", "mean_rgb", (0.5, 0.5), "data.mean_rgb"),
+        ("mesh", "num_devices", 0, "mesh.num_devices"),
+    ],
+)
+def test_validate_refuses_other_out_of_range_values(section, name, value, field):
+    config = get_base_config()
+    config[section][name] = value
+    with pytest.raises(ConfigError, match=field):
+        validate(config)
+
+
+def test_validate_refuses_zero_length_training():
+    config = get_base_config()
+    config.training.num_epochs = 0.0
+    config.training.num_train_steps = -1
+    with pytest.raises(ConfigError, match="training.num_epochs"):
+        validate(config)
+    config.training.num_train_steps = 10  # a step count alone is enough
+    validate(config)
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)

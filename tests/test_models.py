@@ -1,0 +1,132 @@
+"""ResNet v1.5 family: shapes, exact parameter counts (no compute), v1.5 strides, init, dtypes."""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from resnet_scaling import models
+
+
+def _abstract_variables(model, image_size=224):
+    return jax.eval_shape(
+        lambda: model.init(jax.random.key(0), jnp.zeros((1, image_size, image_size, 3)), train=False)
+    )
+
+
+def _count(tree):
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
+
+
+def test_resnet50_has_exactly_the_published_parameter_and_bn_statistic_counts():
+    variables = _abstract_variables(models.create_model("resnet50", 1000))
+    assert _count(variables["params"]) == 25_557_032
+    # mean and var for each of the 26,560 BN channels.
+    assert _count(variables["batch_stats"]) == 53_120
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [("resnet18", 11_689_512), ("resnet34", 21_797_672), ("resnet101", 44_549_160),
+     ("resnet152", 60_192_808)],
+)
+def test_family_parameter_counts_match_torchvision(name, expected):
+    assert _count(_abstract_variables(models.create_model(name, 1000))["params"]) == expected
+
+
+def test_resnet200_builds_with_bottlenecks():
+    variables = _abstract_variables(models.create_model("resnet200", 1000), image_size=64)
+    assert "conv3" in variables["params"]["stage3_block36"]
+    assert "stage2_block24" in variables["params"]
+
+
+def test_logits_shape_and_dtype_for_every_architecture():
+    for name in models.ARCHITECTURES:
+        model = models.create_model(name, 7, num_filters=8)
+        logits = jax.eval_shape(
+            lambda m=model: m.init_with_output(jax.random.key(0), jnp.zeros((2, 64, 64, 3)), train=False)[0]
+        )
+        assert logits.shape == (2, 7) and logits.dtype == jnp.float32, name
+
+
+def test_v1_5_strides_on_the_3x3_conv_of_the_first_bottleneck():
+    model = models.create_model("resnet50", 1000)
+
+    def intermediates():
+        x = jnp.zeros((1, 224, 224, 3))
+        variables = model.init(jax.random.key(0), x, train=False)
+        _, state = model.apply(variables, x, train=False, capture_intermediates=True,
+                               mutable=["intermediates"])
+        return state["intermediates"]
+
+    acts = jax.eval_shape(intermediates)["stage2_block1"]
+    assert acts["conv1"]["__call__"][0].shape == (1, 56, 56, 128)  # 1x1: no stride (v1 had it here).
+    assert acts["conv2"]["__call__"][0].shape == (1, 28, 28, 128)  # 3x3: stride 2.
+    assert acts["downsample_conv"]["__call__"][0].shape == (1, 28, 28, 512)
+
+
+def test_zero_init_of_last_bn_scale_is_switchable():
+    conv = functools.partial(nn.Conv, use_bias=False)
+    norm = functools.partial(nn.BatchNorm, use_running_average=True)
+    x = jnp.zeros((1, 8, 8, 16))
+    for zero_init, expected in ((True, 0.0), (False, 1.0)):
+        block = models.BottleneckBlock(4, 1, conv, norm, zero_init_last_bn_scale=zero_init)
+        params = block.init(jax.random.key(0), x)["params"]
+        np.testing.assert_array_equal(params["bn3"]["scale"], expected)
+        np.testing.assert_array_equal(params["bn1"]["scale"], 1.0)
+    # The flag travels from the model to its blocks.
+    model = models.create_model("resnet_tiny", 10, num_filters=8, zero_init_last_bn_scale=True)
+    params = jax.jit(model.init, static_argnames="train")(
+        jax.random.key(0), jnp.zeros((1, 32, 32, 3)), train=False)["params"]
+    np.testing.assert_array_equal(params["stage2_block1"]["bn2"]["scale"], 0.0)
+    np.testing.assert_array_equal(params["stage2_block1"]["downsample_bn"]["scale"], 1.0)
+
+
+def test_conv_init_is_he_fan_out():
+    model = models.create_model("resnet_tiny", 10, num_filters=64)
+    init = jax.jit(model.init, static_argnames="train")
+    params = init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)), train=False)["params"]
+    kernel = np.asarray(params["stage4_block1"]["conv2"]["kernel"])  # 3x3x512x512
+    fan_out = 3 * 3 * 512
+    assert kernel.std() == pytest.approx(np.sqrt(2.0 / fan_out), rel=0.02)
+    assert abs(kernel.mean()) < 1e-3
+
+
+def test_bn_uses_momentum_and_epsilon_from_arguments():
+    model = models.create_model("resnet_tiny", 10, num_filters=8, bn_momentum=0.9, bn_epsilon=1e-5)
+    bns = [m for m in _modules(model) if isinstance(m, nn.BatchNorm)]
+    assert bns and all(bn.momentum == 0.9 and bn.epsilon == 1e-5 for bn in bns)
+
+
+def _modules(model):
+    found = []
+
+    def interceptor(next_fun, args, kwargs, context):
+        found.append(context.module)
+        return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(interceptor):
+        jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)), train=True))
+    return found
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_reduced_precision_computes_low_but_keeps_parameters_and_statistics_float32(dtype):
+    model = models.create_model("resnet_tiny", 10, num_filters=8, dtype=dtype)
+    x = jnp.ones((2, 32, 32, 3))
+    variables = jax.jit(model.init, static_argnames="train")(jax.random.key(0), x, train=False)
+    assert {v.dtype for v in jax.tree.leaves(variables)} == {jnp.dtype(jnp.float32)}
+    apply = jax.jit(functools.partial(model.apply, train=True, mutable=["batch_stats", "intermediates"],
+                                      capture_intermediates=True))
+    logits, state = apply(variables, x)
+    assert logits.dtype == jnp.float32
+    assert state["intermediates"]["stage1_block1"]["conv1"]["__call__"][0].dtype == jnp.dtype(dtype)
+    assert {v.dtype for v in jax.tree.leaves(state["batch_stats"])} == {jnp.dtype(jnp.float32)}
+
+
+def test_unknown_model_name_is_refused():
+    with pytest.raises(ValueError, match="resnet50"):
+        models.create_model("resnet51", 10)

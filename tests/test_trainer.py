@@ -1,0 +1,107 @@
+"""train_and_evaluate end to end: the demo config at a tiny size, metric files, the command line."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from resnet_scaling import config as config_lib
+from resnet_scaling import trainer
+from tests.helpers import random_arrays, tiny_config
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def load_config(name):
+    spec = importlib.util.spec_from_file_location(f"configs_{name}", REPO / "configs" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def test_demo_config_learns_at_a_tiny_size(tmp_path):
+    config = load_config("demo")
+    config.data.num_train_examples = 640
+    config.data.num_eval_examples = 130
+    config.training.global_batch_size = 64
+    config.training.num_epochs = 4
+    config.training.log_every_steps = 10
+    config.eval.global_batch_size = 64
+    result = trainer.train_and_evaluate(config, str(tmp_path))
+    losses = [r["loss"] for r in result.train_history]
+    assert result.plan.total_steps == 40 and len(losses) == 4
+    assert losses[-1] < 0.8 * losses[0], losses
+    final_eval = result.eval_history[-1]
+    assert final_eval["eval_count"] == 130  # Every held-out image once: 3 batches, the last padded.
+    assert final_eval["eval_top1"] > 0.2  # Above the 0.1 of chance after 4 tiny epochs.
+    assert all(r["images_per_sec"] > 0 for r in result.train_history)
+
+
+def test_metrics_are_written_as_json_lines_with_train_and_eval_records(tmp_path):
+    config = tiny_config()
+    config.eval.every_epochs = 0.5  # 64 examples, batch 16: an evaluation every 2 steps.
+    result = trainer.train_and_evaluate(config, str(tmp_path), arrays=random_arrays())
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "loss" in r]
+    evals = [r for r in records if "eval_top1" in r]
+    assert [r["step"] for r in train] == [2, 4]
+    assert [r["step"] for r in evals] == [2, 4]
+    assert {"loss", "top1", "top5", "learning_rate", "images_per_sec", "sec_per_step"} <= set(train[0])
+    assert all(r["eval_count"] == 20 for r in evals)
+    assert int(result.state.step) == 4
+    assert (tmp_path / "tensorboard").is_dir()
+
+
+def test_non_finite_loss_stops_training_with_the_step(tmp_path):
+    config = tiny_config(optimizer__base_learning_rate=1e30, optimizer__lr_scaling="none")
+    config.schedule.warmup_steps = 0
+    config.training.num_train_steps = 6
+    with pytest.raises(FloatingPointError, match=r"steps \d+\.\.\d+"):
+        trainer.train_and_evaluate(config, str(tmp_path), arrays=random_arrays())
+
+
+def test_batch_not_divisible_by_devices_is_refused_before_training(tmp_path):
+    config = tiny_config(training__global_batch_size=12)
+    with pytest.raises(config_lib.ConfigError, match="training.global_batch_size.*multiple of 8"):
+        trainer.train_and_evaluate(config, str(tmp_path), arrays=random_arrays())
+
+
+def _run_cli(*args, tmp_path):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    return subprocess.run([sys.executable, "-m", "resnet_scaling.train", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_command_line_trains_with_overrides_and_reports_progress(tmp_path):
+    workdir = tmp_path / "run"
+    proc = _run_cli("--config=configs/demo.py", f"--workdir={workdir}",
+                    "--config.model.name=resnet_tiny", "--config.data.num_train_examples=256",
+                    "--config.data.num_eval_examples=64", "--config.training.num_train_steps=4",
+                    "--config.training.global_batch_size=32", "--config.training.log_every_steps=2",
+                    "--config.eval.global_batch_size=32", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stderr
+    for expected in ("Mesh: 1 devices", "32 global, 32 per device", "Compiled the train step",
+                     "step 4/4", "images/sec", "ETA", "over 64 images"):
+        assert expected in log, expected
+    steps = [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert steps[:2] == [2, 4]
+
+
+def test_command_line_refuses_a_bad_value_naming_the_field(tmp_path):
+    proc = _run_cli("--config=configs/demo.py", f"--workdir={tmp_path}", "--config.optimizer.name=adam",
+                    tmp_path=tmp_path)
+    assert proc.returncode != 0
+    assert "config.optimizer.name" in proc.stderr and "lars" in proc.stderr
+
+
+def test_arrays_of_another_image_size_than_the_config_are_refused(tmp_path):
+    arrays = random_arrays(image_size=40)
+    with pytest.raises(ValueError, match="image_size"):
+        trainer.train_and_evaluate(tiny_config(), str(tmp_path), arrays=arrays)
+    assert np.asarray(arrays[0]).shape[1] == 40
