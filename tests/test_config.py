@@ -52,34 +52,48 @@ def test_derive_imagenet_goyal_recipe():
     assert plan.global_batch_size == 1024
     assert plan.per_device_batch_size == 128
     assert plan.steps_per_epoch == 1252  # ceil(1_281_167 / 1024) = ceil(1251.14)
-    assert plan.total_steps == 112_680  # 90 * 1252
-    assert plan.warmup_steps == 6260  # 5 * 1252
+    assert plan.total_steps == 112_603  # ceil(90 * 1_281_167 / 1024) = ceil(112_602.6)
+    assert plan.warmup_steps == 6256  # round(5 * 1251.14)
     assert plan.peak_learning_rate == pytest.approx(0.4)  # 0.1 * 1024 / 256
-    assert plan.eval_every_steps == 1252  # every epoch
+    assert plan.eval_every_steps == 1251  # every epoch: round(1251.14)
     assert plan.num_devices == 8
-    assert plan.epochs_to_steps(30) == 37_560
+    assert plan.epochs_to_steps(30) == 37_534  # round(37_534.2)
+
+
+@pytest.mark.parametrize(
+    "global_batch_size, train_steps, warmup_steps",
+    [(1024, 113_854, 1_251), (4096, 28_464, 313), (16_384, 7_116, 78), (32_768, 3_558, 39)],
+)
+def test_derive_reproduces_the_case_study_step_counts(global_batch_size, train_steps, warmup_steps):
+    """91 epochs (90 measured + 1 warm-up) and the 1-epoch warm-up, as published per TPU slice."""
+    config = get_base_config()
+    config.training.global_batch_size = global_batch_size
+    config.training.num_epochs = 91
+    config.schedule.warmup_epochs = 1
+    plan = derive(config, config_lib.IMAGENET_NUM_TRAIN_EXAMPLES, num_devices=8)
+    assert (plan.total_steps, plan.warmup_steps) == (train_steps, warmup_steps)
 
 
 def test_derive_demo_config():
     config = _load_config_module(CONFIGS_DIR / "demo.py").get_config()
     plan = derive(config, 12_000, num_devices=2)
     assert plan.steps_per_epoch == 94  # ceil(12_000 / 128) = ceil(93.75)
-    assert plan.total_steps == 564  # 6 * 94
-    assert plan.warmup_steps == 47  # round(0.5 * 94)
-    assert plan.eval_every_steps == 188  # 2 * 94
+    assert plan.total_steps == 563  # ceil(6 * 93.75) = ceil(562.5)
+    assert plan.warmup_steps == 47  # round(0.5 * 93.75)
+    assert plan.eval_every_steps == 188  # round(2 * 93.75) = round(187.5), half to even
     assert plan.per_device_batch_size == 64
     assert plan.peak_learning_rate == pytest.approx(0.05)  # 0.1 * 128 / 256
 
 
-def test_derive_fractional_epochs_round_total_steps_up():
+def test_derive_fractional_epochs_round_the_run_up_and_never_to_zero():
     config = get_base_config()
     config.training.num_epochs = 0.3
     plan = derive(config, config_lib.IMAGENET_NUM_TRAIN_EXAMPLES, num_devices=8)
-    assert plan.total_steps == 376  # ceil(0.3 * 1252) = ceil(375.6)
-    config.training.num_epochs = 0.5
-    plan = derive(config, 1000, num_devices=1)  # one step per epoch at batch 1024
+    assert plan.total_steps == 376  # ceil(0.3 * 1251.14) = ceil(375.3)
+    config.training.num_epochs = 0.1
+    plan = derive(config, 1000, num_devices=1)  # under one step per epoch at batch 1024
     assert plan.steps_per_epoch == 1
-    assert plan.total_steps == 1  # ceil(0.5), never 0
+    assert plan.total_steps == 1  # ceil(0.098): a run has at least one step
 
 
 def test_derive_num_train_steps_overrides_epochs():
@@ -89,7 +103,7 @@ def test_derive_num_train_steps_overrides_epochs():
     plan = derive(config, config_lib.IMAGENET_NUM_TRAIN_EXAMPLES, num_devices=8)
     assert plan.total_steps == 500
     assert plan.steps_per_epoch == 1252  # still defines epochs (for eval and piecewise boundaries)
-    # Warm-up of 5 epochs (6260 steps) is clipped to the run's length.
+    # Warm-up of 5 epochs (6256 steps) is clipped to the run's length.
     assert plan.warmup_steps == 500
 
 
@@ -120,7 +134,7 @@ def test_derive_lr_scaling_none_keeps_base_learning_rate():
 
 @pytest.mark.parametrize(
     ("every_epochs", "expected"),
-    [(1.0, 1252), (2.0, 2504), (0.5, 626), (0.0, 0), (-1.0, 0), (1e-9, 1)],
+    [(1.0, 1251), (2.0, 2502), (0.5, 626), (0.0, 0), (-1.0, 0), (1e-9, 1)],  # round(e * 1251.14)
 )
 def test_derive_eval_every_steps(every_epochs, expected):
     config = get_base_config()

@@ -130,3 +130,22 @@ def test_reduced_precision_computes_low_but_keeps_parameters_and_statistics_floa
 def test_unknown_model_name_is_refused():
     with pytest.raises(ValueError, match="resnet50"):
         models.create_model("resnet51", 10)
+
+
+@pytest.mark.parametrize("size", [8, 9, 112])
+def test_max_pool_matches_flax_max_pool_values_and_gradient_mass(size):
+    x = jax.random.normal(jax.random.key(size), (2, size, size, 3))
+    expected = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+    np.testing.assert_array_equal(models.max_pool_3x3_s2(x), expected)
+    grad = jax.grad(lambda x: models.max_pool_3x3_s2(x).sum())(x)
+    expected_grad = jax.grad(lambda x: nn.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1))).sum())(x)
+    np.testing.assert_allclose(grad, expected_grad)  # No ties in random normals: the same argmax.
+
+
+def test_pointwise_conv_equals_a_1x1_convolution_with_stride():
+    x = jax.random.normal(jax.random.key(0), (2, 9, 9, 4))
+    conv = models.PointwiseConv(6, strides=2)
+    variables = conv.init(jax.random.key(1), x)
+    assert variables["params"]["kernel"].shape == (1, 1, 4, 6)
+    reference = nn.Conv(6, (1, 1), (2, 2), padding="VALID", use_bias=False).apply(variables, x)
+    np.testing.assert_allclose(conv.apply(variables, x), reference, rtol=1e-5, atol=1e-6)
