@@ -20,6 +20,7 @@ import shlex
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +34,21 @@ from resnet_scaling import mesh as mesh_lib
 from resnet_scaling import models, optim, steps
 from resnet_scaling.data.sources import SyntheticSource
 
-# (phase, event) -> count of JAX tracing / XLA compilation events, from jax.monitoring (nothing wrapped).
-EVENTS: collections.Counter[tuple[str, str]] = collections.Counter()
-PHASE = ["setup"]
 WATCHED = {"/jax/core/compile/jaxpr_trace_duration": "traces",
            "/jax/core/compile/backend_compile_duration": "compiles"}
 
 
-def _on_event(event: str, duration: float, **kwargs: Any) -> None:
-    """Counts trace and compile events per benchmark phase."""
-    if event in WATCHED:
-        EVENTS[PHASE[0], WATCHED[event]] += 1
+class EventCounter:
+    """Counts JAX trace and compile events per benchmark phase (from jax.monitoring; nothing wrapped)."""
+
+    def __init__(self) -> None:
+        self.phase = "setup"
+        self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+    def _on_event(self, event: str, duration: float, **kwargs: Any) -> None:
+        if event in WATCHED:
+            self.counts[self.phase, WATCHED[event]] += 1
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -59,6 +64,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--num_devices", type=int, default=-1, help="-1: all devices.")
     p.add_argument("--json_out", default=None, help="Default: benchmarks/results/train_step-....json")
+    p.add_argument("--baseline", action="store_true",
+                   help="Also time the flax ImageNet example's step (flax_example_baseline.py), "
+                        "interleaved with ours in every repeat (resnet50 only).")
     args = p.parse_args(argv)
     if args.steps < 1 or args.repeats < 1 or args.warmup_steps < 0:
         p.error("--steps and --repeats must be >= 1, --warmup_steps >= 0.")
@@ -103,7 +111,16 @@ def flops_per_device(compiled: Any) -> float | None:
     return float(flops) if flops is not None and flops > 0 else None
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def time_steps(step_fn: Any, state: Any, next_batch: Callable[[], Any], num_steps: int) -> tuple[Any, float]:
+    """Dispatches `num_steps` steps back to back, syncs once; returns the new state and the seconds."""
+    start = time.perf_counter()
+    for _ in range(num_steps):
+        state, metrics = step_fn(state, next_batch())  # The state is donated: always rebind it.
+    jax.block_until_ready((state, metrics))
+    return state, time.perf_counter() - start
+
+
+def run(args: argparse.Namespace, events: EventCounter) -> dict[str, Any]:
     """Builds the trainer's state and step, compiles, warms up and times; returns the results."""
     config = make_config(args)
     config_lib.validate(config)
@@ -122,26 +139,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     batches = source.train_batches()
     batch = next(batches)  # The source cycles a few distinct batches already sharded on the mesh.
 
-    PHASE[0] = "compile"
+    events.phase = "compile"
     start = time.perf_counter()
     compiled = steps.jit_train_step(state, mesh, learning_rate_fn, step_config).lower(state, batch).compile()
     compile_sec = time.perf_counter() - start
 
-    PHASE[0] = "run"  # From here on every step must be the AOT executable: no tracing, no compiling.
-    for _ in range(args.warmup_steps):
-        state, metrics = compiled(state, next(batches))  # The state is donated: always rebind it.
-    jax.block_until_ready(state)
-    repeat_sec = []
-    for _ in range(args.repeats):
+    baseline = None
+    if args.baseline:
+        import flax_example_baseline  # Beside this script.
+
+        events.phase = "baseline"
+        b_step, b_state, b_batch = flax_example_baseline.make_step(args.batch_size, args.image_size)
         start = time.perf_counter()
-        for _ in range(args.steps):
-            state, metrics = compiled(state, next(batches))
-        jax.block_until_ready((state, metrics))
-        repeat_sec.append(time.perf_counter() - start)
-    PHASE[0] = "done"
+        b_state, _ = time_steps(b_step, b_state, lambda: b_batch, 1 + args.warmup_steps)
+        baseline = {"first_steps_sec": time.perf_counter() - start, "repeat_sec": []}
+
+    events.phase = "run"  # From here on every step must be the AOT executable: no tracing, no compiling.
+    state, _ = time_steps(compiled, state, lambda: next(batches), args.warmup_steps)
+    repeat_sec = []
+    for _ in range(args.repeats):  # Interleaved, so that both see the same machine load.
+        state, seconds = time_steps(compiled, state, lambda: next(batches), args.steps)
+        repeat_sec.append(seconds)
+        if baseline is not None:
+            b_state, seconds = time_steps(b_step, b_state, lambda: b_batch, args.steps)
+            baseline["repeat_sec"].append(seconds)
+    events.phase = "done"
     num_run_steps = args.warmup_steps + args.repeats * args.steps
     assert int(state.step) == num_run_steps, f"state.step {int(state.step)} != {num_run_steps} steps run"
-    assert EVENTS["run", "traces"] == 0 and EVENTS["run", "compiles"] == 0, f"Retraced: {dict(EVENTS)}"
+    counts = events.counts
+    assert counts["run", "traces"] == 0 and counts["run", "compiles"] == 0, f"Retraced: {dict(counts)}"
+    if baseline is not None:
+        rates = [args.batch_size * args.steps / s for s in baseline.pop("repeat_sec")]
+        baseline.update({"name": "flax examples/imagenet train step (pmap, nn.Conv, L2 in the loss)",
+                         "images_per_sec_repeats": rates, "images_per_sec_median": statistics.median(rates)})
 
     device = mesh.devices.flat[0]
     images_per_sec = [config.training.global_batch_size * args.steps / s for s in repeat_sec]
@@ -162,8 +192,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "gflops_per_sec": flops / sec_per_step / 1e9 if flops else None,
         "gflops_per_sec_per_device": flops_dev / sec_per_step / 1e9 if flops_dev else None,
         "memory": memory_stats(compiled, device),
-        "jax_events": {f"{phase}_{kind}": EVENTS[phase, kind] for phase in ("setup", "compile", "run")
+        "jax_events": {f"{phase}_{kind}": events.counts[phase, kind] for phase in ("setup", "compile", "run")
                        for kind in ("traces", "compiles")},
+        "baseline": baseline,
+        "speedup_over_baseline": (statistics.median(images_per_sec) / baseline["images_per_sec_median"]
+                                  if baseline else None),
         "steps_run_with_compiled_executable": num_run_steps,
         "environment": {
             "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
@@ -199,14 +232,19 @@ def print_table(r: dict[str, Any]) -> None:
          f"{fmt(r['flops_per_step'], '.2f', 1e9)}; {fmt(r['gflops_per_sec'], '.1f')}"),
         ("memory per device: arg / out / temp / peak in use", mib),
     ]
+    if r["baseline"]:
+        b = r["baseline"]
+        rows.append(("flax example step, images/sec median (same run)", f"{b['images_per_sec_median']:.2f}"))
+        rows.append(("ours / flax example", f"{r['speedup_over_baseline']:.2f}x"))
     print("| metric | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows))
 
 
 def main(argv: list[str]) -> None:
     """Runs the benchmark, prints the table and writes the JSON."""
     args = parse_args(argv)
-    jax.monitoring.register_event_duration_secs_listener(_on_event)
-    result = run(args)
+    if args.baseline and args.model != "resnet50":
+        raise SystemExit("--baseline compares ResNet-50 steps; use --model=resnet50.")
+    result = run(args, EventCounter())
     print_table(result)
     out = args.json_out or str(Path(__file__).resolve().parent / "results" / (
         f"train_step-{result['environment']['platform']}-{args.model}-{args.dtype}-b{args.batch_size}.json"))
