@@ -129,7 +129,7 @@ def run(args: argparse.Namespace, events: EventCounter) -> dict[str, Any]:
     source = data_lib.create_data_source(config, mesh)  # The trainer's path: a SyntheticSource here.
     assert isinstance(source, SyntheticSource), type(source)
     plan = config_lib.derive(config, source.num_train_examples, mesh.size)
-    model = models.model_from_config(config)
+    model = models.model_from_config(config, num_devices=mesh.size)
     learning_rate_fn = optim.create_learning_rate_schedule(config, plan)
     tx = optim.create_optimizer(config, learning_rate_fn)
     state = steps.create_train_state(jax.random.key(config.seed), model, tx, config.data.image_size, mesh,

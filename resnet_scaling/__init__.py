@@ -7,6 +7,7 @@ The public API, for research code that skips the command line:
     result = train_and_evaluate(config, workdir="/tmp/run")
 """
 
+from resnet_scaling.checkpointing import load_exported
 from resnet_scaling.config import ConfigError, TrainingPlan, derive, get_base_config, validate
 from resnet_scaling.data import ArraySource, DataSource, SyntheticSource, create_data_source, make_shapes
 from resnet_scaling.mesh import batch_sharding, create_mesh, host_local_to_global, replicated_sharding
@@ -50,6 +51,7 @@ __all__ = [
     "host_local_to_global",
     "jit_eval_step",
     "jit_train_step",
+    "load_exported",
     "load_torchvision_file",
     "make_shapes",
     "model_from_config",

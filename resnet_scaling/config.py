@@ -42,6 +42,10 @@ def get_base_config() -> ml_collections.ConfigDict:
     config.model.zero_init_last_bn_scale = True  # Zero-init the last BN scale in each block (Goyal et al.).
     config.model.bn_momentum = 0.9  # Decay of the batch-norm moving averages.
     config.model.bn_epsilon = 1e-5  # Added to the variance in batch norm.
+    # Images per batch-norm group in training: -1 the whole global batch, 0 each device's own images,
+    # N > 0 groups of N consecutive images (whole devices: a multiple of the per-device batch that divides
+    # the global batch). The TPU pod MLPerf runs normalised over ~128-image groups.
+    config.model.bn_group_size = -1
     # Dtype of activations and convolutions. Parameters, BN statistics and the loss stay float32.
     # float16 turns on dynamic loss scaling (for V100s, which have no bfloat16 units).
     config.model.compute_dtype = "float32"
@@ -57,6 +61,14 @@ def get_base_config() -> ml_collections.ConfigDict:
     config.data.stddev_rgb = IMAGENET_STDDEV_RGB  # Divides them afterwards.
     config.data.shuffle = True  # Reshuffle the training examples every epoch (in-memory sources).
     config.data.synthetic_num_batches = 4  # Distinct batches the synthetic source makes and cycles.
+
+    config.system = ml_collections.ConfigDict()
+    config.system.name = ""  # The hardware a config is written for, e.g. "Cloud TPU v2-512"; for reports.
+    config.system.device_kind = ""  # As jax.Device.device_kind says it ("TPU v2", "NVIDIA H100 80GB HBM3").
+    # TPU topology for ahead-of-time compilation (resnet_scaling.compile), e.g. "v2:16x16"; "" for none.
+    config.system.topology = ""
+    config.system.chips_per_host_bounds = (2, 2, 1)  # Chips per TPU host (VM) along x, y, z.
+    config.system.num_slices = 1  # TPU slices joined by the data-center network (multislice).
 
     config.mesh = ml_collections.ConfigDict()
     config.mesh.num_devices = -1  # Devices in the `data` mesh axis; -1 uses every device of the job.
@@ -89,6 +101,15 @@ def get_base_config() -> ml_collections.ConfigDict:
     config.schedule.boundary_epochs = (30.0, 60.0, 80.0)  # Epochs where "piecewise" decays.
     config.schedule.decay_factor = 0.1  # Multiplier at each "piecewise" boundary.
 
+    config.checkpoint = ml_collections.ConfigDict()
+    config.checkpoint.enabled = True  # Save to WORKDIR/checkpoints and resume from there automatically.
+    config.checkpoint.every_epochs = 1.0  # Save this often (and at the end, and on SIGTERM).
+    config.checkpoint.every_steps = -1  # Save every N steps instead; -1 derives it from every_epochs.
+    config.checkpoint.keep = 3  # Newest full checkpoints kept.
+    config.checkpoint.keep_best = True  # Also keep the parameters of the best evaluation in WORKDIR/best.
+    config.checkpoint.async_save = True  # Write in the background while training goes on.
+    config.checkpoint.export = True  # Write the final parameters to WORKDIR/export at the end.
+
     config.eval = ml_collections.ConfigDict()
     config.eval.global_batch_size = 1024  # Images per evaluation step over all devices.
     config.eval.every_epochs = 1.0  # Evaluate this often (and at the end); <= 0 only at the end.
@@ -109,6 +130,7 @@ class TrainingPlan:
       warmup_steps: steps of linear learning-rate warm-up.
       peak_learning_rate: learning rate at the end of warm-up.
       eval_every_steps: steps between evaluations (0: only at the end).
+      checkpoint_every_steps: steps between checkpoints (0: only at the end and on preemption).
       num_devices: devices in the data mesh axis.
     """
 
@@ -121,6 +143,7 @@ class TrainingPlan:
     peak_learning_rate: float
     eval_every_steps: int
     num_devices: int
+    checkpoint_every_steps: int = 0
 
     def epochs_to_steps(self, epochs: float) -> int:
         """Steps that see `epochs` passes over the examples, rounded to the nearest step.
@@ -175,8 +198,52 @@ def derive(config: ml_collections.ConfigDict, num_train_examples: int, num_devic
     eval_every_steps = 0
     if config.eval.every_epochs > 0:
         eval_every_steps = max(1, plan.epochs_to_steps(config.eval.every_epochs))
+    checkpoint_every_steps = 0
+    if config.checkpoint.every_steps > 0:
+        checkpoint_every_steps = int(config.checkpoint.every_steps)
+    elif config.checkpoint.every_epochs > 0:
+        checkpoint_every_steps = max(1, plan.epochs_to_steps(config.checkpoint.every_epochs))
     return dataclasses.replace(plan, total_steps=total_steps, warmup_steps=warmup_steps,
-                               peak_learning_rate=float(peak), eval_every_steps=eval_every_steps)
+                               peak_learning_rate=float(peak), eval_every_steps=eval_every_steps,
+                               checkpoint_every_steps=checkpoint_every_steps)
+
+
+def resolve_bn_group_size(config: ml_collections.ConfigDict, num_devices: int | None) -> int | None:
+    """Images per batch-norm group for the model, or None for the whole (global) batch.
+
+    Args:
+      config: the run's config (`model.bn_group_size`: -1 whole batch, 0 per device, N images).
+      num_devices: devices in the mesh; required for 0 (per device).
+    """
+    group_size = int(config.model.bn_group_size)
+    global_batch = int(config.training.global_batch_size)
+    if group_size == 0:
+        if num_devices is None:
+            raise ValueError("config.model.bn_group_size = 0 (per device) needs the mesh's device count; "
+                             "pass num_devices to models.model_from_config.")
+        group_size = global_batch // num_devices
+    if group_size < 0 or group_size == global_batch:
+        return None  # One group: plain nn.BatchNorm over the global batch.
+    return group_size
+
+
+def _validate_bn_group_size(config: ml_collections.ConfigDict, num_devices: int | None) -> None:
+    group_size = config.model.bn_group_size
+    global_batch = config.training.global_batch_size
+    field = "model.bn_group_size"
+    _require(group_size >= -1, field, f"use -1 (global batch), 0 (per device) or images per group, got "
+             f"{group_size}.")
+    if group_size <= 0:
+        return
+    _require(global_batch % group_size == 0, field,
+             f"{group_size} images per group do not divide the global batch of {global_batch}; use a "
+             f"divisor of it, or -1 for the whole batch.")
+    if num_devices is not None and global_batch % num_devices == 0:
+        per_device = global_batch // num_devices
+        _require(group_size % per_device == 0, field,
+                 f"{group_size} images per group would split a device's {per_device} images; use a "
+                 f"multiple of the per-device batch ({per_device}, {2 * per_device}, ...), or 0 for "
+                 f"per-device groups.")
 
 
 def _require(condition: bool, field: str, message: str) -> None:
@@ -221,9 +288,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
         "optimizer.base_learning_rate",
         "optimizer.lr_reference_batch_size",
         "eval.global_batch_size",
+        "checkpoint.keep",
     ):
         _require_positive(config, field)
     _require(0.0 <= config.model.bn_momentum < 1.0, "model.bn_momentum", "must lie in [0, 1).")
+    _validate_bn_group_size(config, num_devices)
     _require(
         config.data.image_size >= 32,
         "data.image_size",

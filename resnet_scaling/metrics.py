@@ -20,24 +20,49 @@ logger = logging.getLogger(__name__)
 
 
 class MetricsBuffer:
-    """Collects per-step metric dicts of device scalars; `mean()` fetches them all in one transfer."""
+    """Per-step metric dicts of device scalars, fetched from the device only when asked.
+
+    `fetch()` copies what is pending to the host (one transfer) and returns those steps' records, so the
+    caller can check them (a non-finite loss) before a checkpoint; `mean()` averages every step since the
+    last `mean()`.
+    """
 
     def __init__(self) -> None:
-        self._pending: list[dict[str, jax.Array]] = []
+        self._pending: list[tuple[int, dict[str, jax.Array]]] = []
+        self._fetched: list[dict[str, float]] = []
 
-    def append(self, metrics: Mapping[str, jax.Array]) -> None:
-        self._pending.append(dict(metrics))
+    def append(self, step: int, metrics: Mapping[str, jax.Array]) -> None:
+        self._pending.append((step, dict(metrics)))
 
     def __len__(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + len(self._fetched)
+
+    def fetch(self) -> list[dict[str, float]]:
+        """Host copies of the steps not fetched yet, each with its `step` (blocks until computed)."""
+        if not self._pending:
+            return []
+        values = jax.device_get([m for _, m in self._pending])
+        records = [{"step": step, **{k: float(v) for k, v in m.items()}}
+                   for (step, _), m in zip(self._pending, values, strict=True)]
+        self._pending = []
+        self._fetched.extend(records)
+        return records
 
     def mean(self) -> dict[str, float]:
-        """Means over the buffered steps (blocks until they are computed), then empties the buffer."""
-        if not self._pending:
+        """Means over the steps since the last call (fetching what is pending), then starts afresh."""
+        self.fetch()
+        records, self._fetched = self._fetched, []
+        if not records:
             return {}
-        fetched = jax.device_get(self._pending)
-        self._pending = []
-        return {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
+        return {k: float(np.mean([r[k] for r in records])) for k in records[0] if k != "step"}
+
+
+def first_non_finite_step(records: list[dict[str, float]], key: str = "loss") -> int | None:
+    """The step of the first record whose `key` is NaN or infinite, else None."""
+    for record in records:
+        if not np.isfinite(record[key]):
+            return int(record["step"])
+    return None
 
 
 def summarize_eval(sums: Mapping[str, Any]) -> dict[str, float]:
@@ -52,11 +77,15 @@ def summarize_eval(sums: Mapping[str, Any]) -> dict[str, float]:
 
 
 class ThroughputTimer:
-    """Images/sec between log points, from a clock that the caller pauses around evaluation."""
+    """Images/sec between log points, from a clock that the caller pauses around evaluation and saves.
 
-    def __init__(self, images_per_step: int) -> None:
+    `total_sec` keeps the whole training time (it is saved in checkpoints, so it survives restarts).
+    """
+
+    def __init__(self, images_per_step: int, total_sec: float = 0.0) -> None:
         self.images_per_step = images_per_step
-        self._train_sec = 0.0
+        self.total_sec = total_sec
+        self._interval_sec = 0.0
         self._mark: float | None = None
         self._steps = 0
 
@@ -65,7 +94,9 @@ class ThroughputTimer:
 
     def pause(self) -> None:
         if self._mark is not None:
-            self._train_sec += time.perf_counter() - self._mark
+            elapsed = time.perf_counter() - self._mark
+            self._interval_sec += elapsed
+            self.total_sec += elapsed
             self._mark = None
 
     def count(self, steps: int = 1) -> None:
@@ -75,8 +106,8 @@ class ThroughputTimer:
         """images/sec and sec/step since the last call (the clock keeps running if it was running)."""
         running = self._mark is not None
         self.pause()
-        seconds, steps = self._train_sec, self._steps
-        self._train_sec, self._steps = 0.0, 0
+        seconds, steps = self._interval_sec, self._steps
+        self._interval_sec, self._steps = 0.0, 0
         if running:
             self.start()
         if steps == 0 or seconds <= 0:

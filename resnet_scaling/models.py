@@ -16,6 +16,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from resnet_scaling.batchnorm import GroupedBatchNorm
+from resnet_scaling.config import resolve_bn_group_size
+
 ModuleDef = Any
 
 # He initialisation with fan-out, as torchvision's kaiming_normal_(mode="fan_out").
@@ -140,6 +143,8 @@ class ResNet(nn.Module):
       bn_momentum: decay of the BN moving averages.
       bn_epsilon: added to the BN variance.
       zero_init_last_bn_scale: start each residual branch at zero (Goyal et al.).
+      bn_group_size: images per batch-norm group in training (`GroupedBatchNorm`); None normalises over
+        the whole batch given (under `jit`, the global batch) with `nn.BatchNorm`.
     """
 
     stage_sizes: Sequence[int]
@@ -150,13 +155,15 @@ class ResNet(nn.Module):
     bn_momentum: float = 0.9
     bn_epsilon: float = 1e-5
     zero_init_last_bn_scale: bool = True
+    bn_group_size: int | None = None
 
     @nn.compact
     def __call__(self, x, train: bool = True):
         """Returns float32 logits of shape [batch, num_classes]."""
         conv = functools.partial(make_conv, dtype=self.dtype)
+        grouped = self.bn_group_size is not None
         norm = functools.partial(
-            nn.BatchNorm,
+            functools.partial(GroupedBatchNorm, group_size=self.bn_group_size) if grouped else nn.BatchNorm,
             use_running_average=not train,
             momentum=self.bn_momentum,
             epsilon=self.bn_epsilon,
@@ -216,8 +223,13 @@ def create_model(
                   num_filters=num_filters, dtype=dtype, **kwargs)
 
 
-def model_from_config(config: ml_collections.ConfigDict) -> ResNet:
-    """Builds the model a config's `model` section describes."""
+def model_from_config(config: ml_collections.ConfigDict, num_devices: int | None = None) -> ResNet:
+    """Builds the model a config's `model` section describes.
+
+    Args:
+      config: the run's config.
+      num_devices: devices in the mesh; needed only to resolve `model.bn_group_size = 0` (per device).
+    """
     m = config.model
     return create_model(
         m.name,
@@ -227,6 +239,7 @@ def model_from_config(config: ml_collections.ConfigDict) -> ResNet:
         bn_momentum=m.bn_momentum,
         bn_epsilon=m.bn_epsilon,
         zero_init_last_bn_scale=m.zero_init_last_bn_scale,
+        bn_group_size=resolve_bn_group_size(config, num_devices),
     )
 
 

@@ -1,6 +1,7 @@
 """Entry point: `python -m resnet_scaling.train --config=configs/demo.py --workdir=/tmp/demo`.
 
 Override any config field on the command line: `--config.training.global_batch_size=256`.
+Multi-process jobs (TPU pod slices, SLURM, launch/local.py) join up first; see `distributed.py`.
 """
 
 from __future__ import annotations
@@ -9,18 +10,37 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import trainer
+from resnet_scaling import distributed, trainer, xla_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics, summaries and checkpoints.")
 flags.mark_flags_as_required(["config", "workdir"])
+# Multi-process settings; unset, they come from the environment or the cluster (distributed.py).
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0's coordinator.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes).")
+_INIT_TIMEOUT = flags.DEFINE_integer(
+    "initialization_timeout_sec", distributed.DEFAULT_INITIALIZATION_TIMEOUT_SEC,
+    "Fail if the job's processes have not all connected by then.")
+_THROUGHPUT_FLAGS = flags.DEFINE_bool("throughput_flags", True,
+                                      "Add the XLA/libtpu flags of xla_flags.py for the detected backend.")
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
     logging.set_verbosity(logging.INFO)
+    # Both must run before anything initialises a JAX backend.
+    if _THROUGHPUT_FLAGS.value and (added := xla_flags.apply_throughput_flags()):
+        logging.info("Throughput flags added: %s", added)
+    try:
+        distributed.maybe_initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                                     _INIT_TIMEOUT.value)
+    except ValueError as e:  # incomplete or inconsistent settings
+        raise app.UsageError(str(e)) from None
+    except RuntimeError as e:  # the job did not form: say why, without a traceback
+        raise SystemExit(f"error: {e}") from None
     config = _CONFIG.value
     try:
         config_lib.validate(config)

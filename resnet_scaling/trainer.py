@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
 from typing import Any
 
@@ -15,11 +14,11 @@ import jax
 import ml_collections
 import numpy as np
 
+from resnet_scaling import checkpointing, models, optim, steps
 from resnet_scaling import config as config_lib
 from resnet_scaling import data as data_lib
 from resnet_scaling import mesh as mesh_lib
 from resnet_scaling import metrics as metrics_lib
-from resnet_scaling import models, optim, steps
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +33,8 @@ class TrainResult:
       train_history: one record per log point (step, loss, top1, top5, images_per_sec, ...).
       eval_history: one record per evaluation (step, eval_loss, eval_top1, eval_top5, eval_count).
       compile_sec: time to compile the train step.
+      start_step: the step the run started from (> 0 when it resumed from a checkpoint).
+      preempted: whether it stopped early on SIGTERM after saving a checkpoint.
     """
 
     state: steps.TrainState
@@ -41,6 +42,8 @@ class TrainResult:
     train_history: list[dict[str, float]]
     eval_history: list[dict[str, float]]
     compile_sec: float
+    start_step: int = 0
+    preempted: bool = False
 
 
 def evaluate(eval_step_fn: Any, state: steps.TrainState, source: data_lib.DataSource) -> dict[str, float]:
@@ -61,11 +64,11 @@ def train_and_evaluate(
     arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None,
     devices: list[jax.Device] | None = None,
 ) -> TrainResult:
-    """Trains and evaluates a ResNet as `config` describes.
+    """Trains and evaluates a ResNet as `config` describes, resuming from `workdir` if it holds a checkpoint.
 
     Args:
       config: a config from `configs/` or `config.get_base_config()`; validated here.
-      workdir: where metric files go (process 0 only).
+      workdir: where checkpoints (every process) and metric files (process 0) go.
       arrays: `(train_images, train_labels, eval_images, eval_labels)` NumPy arrays for
         `config.data.source == "arrays"`; images uint8 NHWC, labels integers.
       devices: devices for the mesh (default: all of the job's).
@@ -88,7 +91,7 @@ def train_and_evaluate(
         plan.global_batch_size, plan.per_device_batch_size, plan.total_steps, plan.steps_per_epoch,
         plan.total_steps / plan.steps_per_epoch, plan.warmup_steps, plan.peak_learning_rate)
 
-    model = models.model_from_config(config)
+    model = models.model_from_config(config, num_devices=mesh.size)  # issue 4: resolves bn_group_size=0
     learning_rate_fn = optim.create_learning_rate_schedule(config, plan)
     tx = optim.create_optimizer(config, learning_rate_fn)
     state = steps.create_train_state(jax.random.key(config.seed), model, tx, config.data.image_size, mesh,
@@ -99,7 +102,20 @@ def train_and_evaluate(
     step_config = steps.StepConfig.from_config(config)
     eval_step_fn = steps.jit_eval_step(state, mesh, step_config)
 
-    batches = source.train_batches(start_step=0)
+    checkpointer = checkpointing.Checkpointer(workdir, config) if config.checkpoint.enabled else None
+    clock = {"train_sec": 0.0, "eval_sec": 0.0, "checkpoint_sec": 0.0}
+    if checkpointer is not None:
+        abstract_state = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+        restored = checkpointer.restore_latest(abstract_state)
+        if restored is not None:
+            state, meta = restored
+            clock.update(meta.get("clock", {}))
+            log("Resumed from %s at step %d (epoch %.2f).", checkpointer.directory, int(state.step),
+                int(state.step) / plan.steps_per_epoch)
+    start_step = int(state.step)
+
+    batches = source.train_batches(start_step=start_step)
     batch = next(batches)
     start = time.perf_counter()
     train_step_fn = steps.jit_train_step(state, mesh, learning_rate_fn, step_config).lower(
@@ -108,26 +124,36 @@ def train_and_evaluate(
     log("Compiled the train step in %.1fs%s.", compile_sec, _memory_note(train_step_fn))
 
     writers = metrics_lib.MetricWriters(workdir) if is_writer else None
+    watcher = checkpointing.PreemptionWatcher()
     buffer = metrics_lib.MetricsBuffer()
-    timer = metrics_lib.ThroughputTimer(plan.global_batch_size)
+    timer = metrics_lib.ThroughputTimer(plan.global_batch_size, total_sec=clock["train_sec"])
     train_history: list[dict[str, float]] = []
     eval_history: list[dict[str, float]] = []
-    log_every = config.training.log_every_steps
+    last_saved_step = start_step if start_step > 0 else None  # The newest checkpoint on disk.
+    preempted = False
+
+    def save(step: int) -> None:
+        # A checkpoint must never hold a diverged state: check the steps since the last fetch first.
+        _raise_if_non_finite(buffer.fetch(), last_saved_step)
+        save_start = time.perf_counter()
+        clock["train_sec"] = timer.total_sec
+        checkpointer.save(step, state, dict(clock))
+        clock["checkpoint_sec"] += time.perf_counter() - save_start
+
     timer.start()
     try:
-        for step in range(1, plan.total_steps + 1):  # `step` counts the steps done after this one.
-            if step > 1:
+        for step in range(start_step + 1, plan.total_steps + 1):  # `step` counts the steps done after it.
+            if step > start_step + 1:
                 batch = next(batches)
             state, step_metrics = train_step_fn(state, batch)
-            buffer.append(step_metrics)
+            buffer.append(step, step_metrics)
             timer.count()
-            if step % log_every == 0 or step == plan.total_steps:
+            last = step == plan.total_steps
+            if _due(step, config.training.log_every_steps, last):
+                new_records = buffer.fetch()
+                _raise_if_non_finite(new_records, last_saved_step)
                 record = {"step": step, "epoch": step / plan.steps_per_epoch, **buffer.mean(),
                           **timer.read_and_reset()}
-                if not math.isfinite(record["loss"]):
-                    raise FloatingPointError(
-                        f"Training loss is {record['loss']} in steps {step - log_every + 1}..{step}; "
-                        "lower the learning rate or use float32/bfloat16 compute.")
                 train_history.append(record)
                 if is_writer:
                     eta = (plan.total_steps - step) * record.get("sec_per_step", 0.0)
@@ -137,11 +163,12 @@ def train_and_evaluate(
                         record["loss"], record["top1"], record["top5"], record["learning_rate"],
                         record.get("images_per_sec", float("nan")), metrics_lib.format_duration(eta))
                     writers.write(step, record)
-            if (plan.eval_every_steps and step % plan.eval_every_steps == 0) or step == plan.total_steps:
+            if _due(step, plan.eval_every_steps, last):
                 timer.pause()  # Evaluation stays off the training clock.
                 eval_start = time.perf_counter()
                 eval_metrics = {"step": step, **evaluate(eval_step_fn, state, source),
                                 "eval_sec": time.perf_counter() - eval_start}
+                clock["eval_sec"] += eval_metrics["eval_sec"]
                 eval_history.append(eval_metrics)
                 if is_writer:
                     logger.info("eval at step %d: loss %.4f, top1 %.4f, top5 %.4f over %d images (%.1fs)",
@@ -149,12 +176,48 @@ def train_and_evaluate(
                                 eval_metrics["eval_top5"], eval_metrics["eval_count"],
                                 eval_metrics["eval_sec"])
                     writers.write(step, eval_metrics)
+                if checkpointer is not None:
+                    checkpointer.save_best(step, state, eval_metrics)
                 timer.start()
+            preempted = watcher.reached(step)
+            if checkpointer is not None and (_due(step, plan.checkpoint_every_steps, last) or preempted):
+                timer.pause()  # Checkpointing stays off the training clock too.
+                save(step)
+                last_saved_step = step
+                timer.start()
+            if preempted:
+                log("Preempted (SIGTERM) at step %d: %s. Run the same command to resume.", step,
+                    f"checkpoint saved in {checkpointer.directory}" if checkpointer else
+                    "checkpoints are off (config.checkpoint.enabled), nothing was saved")
+                break
+        timer.pause()
+        if checkpointer is not None and not preempted and config.checkpoint.export:
+            log("Exported the final parameters to %s.", checkpointer.export(state))
     finally:
+        watcher.close()
+        if checkpointer is not None:
+            checkpointer.close()  # Waits for saves under way: nothing started is lost.
         if writers is not None:
             writers.close()
     return TrainResult(state=state, plan=plan, train_history=train_history, eval_history=eval_history,
-                       compile_sec=compile_sec)
+                       compile_sec=compile_sec, start_step=start_step, preempted=preempted)
+
+
+def _due(step: int, every_steps: int, last: bool) -> bool:
+    """Whether a periodic action (log, evaluate, save) runs after `step`: every N steps and at the end."""
+    return last or (every_steps > 0 and step % every_steps == 0)
+
+
+def _raise_if_non_finite(records: list[dict[str, float]], last_good_checkpoint: int | None) -> None:
+    bad_step = metrics_lib.first_non_finite_step(records)
+    if bad_step is None:
+        return
+    loss = next(r["loss"] for r in records if r["step"] == bad_step)
+    kept = ("" if last_good_checkpoint is None else
+            f" The last checkpoint (step {last_good_checkpoint}) was written before it and is intact.")
+    raise FloatingPointError(
+        f"Training loss is {loss} at step {bad_step}: lower the learning rate, lengthen the warm-up or "
+        f"use float32/bfloat16 compute.{kept}")
 
 
 def _memory_note(compiled: Any) -> str:

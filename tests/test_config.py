@@ -8,6 +8,7 @@ import pathlib
 import pytest
 
 from resnet_scaling import config as config_lib
+from resnet_scaling import recipes
 from resnet_scaling.config import ConfigError, derive, get_base_config, validate
 
 CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
@@ -33,9 +34,10 @@ def test_config_files_found():
 def test_config_file_validates(path):
     config = _load_config_module(path).get_config()
     validate(config)
-    # A power-of-two device count every shipped config should run on.
-    validate(config, num_devices=4)
-    plan = derive(config, config.data.num_train_examples, num_devices=4)
+    # The system's own device count when the config pins one, else a power of two any config runs on.
+    num_devices = config.mesh.num_devices if config.mesh.num_devices > 0 else 4
+    validate(config, num_devices=num_devices)
+    plan = derive(config, config.data.num_train_examples, num_devices=num_devices)
     assert plan.total_steps >= 1
     assert plan.steps_per_epoch >= 1
 
@@ -294,3 +296,62 @@ def test_validate_refuses_zero_length_training():
 
 def test_config_error_is_a_value_error():
     assert issubclass(ConfigError, ValueError)
+
+
+# --------------------------------------------------------------------------- the case study's systems
+
+# CASE_STUDY.md's table: config -> (cores, global batch, train steps, 1-epoch warm-up steps, optimizer).
+CASE_STUDY_TPU_CONFIGS = {
+    "tpu_v2_8": (8, 1024, 113_854, 1_251, "sgd"),
+    "tpu_v2_32": (32, 4096, 28_464, 313, "sgd"),
+    "tpu_v2_128": (128, 16_384, 7_116, 78, "lars"),
+    "tpu_v2_256": (256, 32_768, 3_558, 39, "lars"),
+    "pod": (512, 32_768, 3_558, 39, "lars"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASE_STUDY_TPU_CONFIGS))
+def test_case_study_tpu_configs_match_the_published_table(name):
+    cores, batch, train_steps, warmup_epoch_steps, optimizer = CASE_STUDY_TPU_CONFIGS[name]
+    config = _load_config_module(CONFIGS_DIR / f"{name}.py").get_config()
+    validate(config, num_devices=cores)
+    plan = derive(config, config_lib.IMAGENET_NUM_TRAIN_EXAMPLES, num_devices=cores)
+    assert config.mesh.num_devices == cores
+    assert (plan.global_batch_size, plan.total_steps) == (batch, train_steps)
+    assert plan.epochs_to_steps(1) == warmup_epoch_steps  # the methodology's warm-up epoch
+    assert config.model.compute_dtype == "bfloat16"
+    assert config.system.device_kind == "TPU v2" and config.system.topology.startswith("v2:")
+    assert config.optimizer.name == optimizer
+    if optimizer == "lars":  # the tensorflow/tpu lars_util learning rates, label smoothing 0.1
+        assert (config.optimizer.base_learning_rate, config.schedule.warmup_epochs) == (
+            recipes.lars_learning_rate(batch))
+        assert plan.peak_learning_rate == config.optimizer.base_learning_rate
+        assert config.schedule.name == "polynomial" and config.schedule.end_learning_rate == 1e-4
+        assert config.training.label_smoothing == 0.1
+    else:  # Goyal et al.: 0.1 x batch / 256
+        assert plan.peak_learning_rate == pytest.approx(0.1 * batch / 256)
+        assert config.training.label_smoothing == 0.0
+    assert config.optimizer.weight_decay == 1e-4
+    # Batch norm over 128 images, as the reference normalised per core (2 cores of a chip on the pod).
+    assert config_lib.resolve_bn_group_size(config, cores) == 128
+
+
+@pytest.mark.parametrize(
+    "batch, expected",
+    [(1024, (10.0, 5.0)), (16_383, (10.0, 5.0)), (16_384, (25.0, 5.0)), (32_768, (32.0, 14.0)),
+     (65_536, (35.6, 40.0))],
+)
+def test_lars_learning_rate_follows_lars_util(batch, expected):
+    assert recipes.lars_learning_rate(batch) == expected
+
+
+@pytest.mark.parametrize("path", [p for p in CONFIG_FILES if p.stem.startswith(("gpu_", "tpu_", "pod"))],
+                         ids=lambda p: p.stem)
+def test_system_configs_name_their_hardware_and_precision(path):
+    config = _load_config_module(path).get_config()
+    assert config.system.name and config.system.device_kind
+    uses_v100 = "V100" in config.system.device_kind
+    # float16 with loss scaling where there is no bfloat16 (V100), bfloat16 everywhere else.
+    assert config.model.compute_dtype == ("float16" if uses_v100 else "bfloat16")
+    assert config.training.num_epochs == 91.0
+    assert (config.optimizer.name == "lars") == (config.training.global_batch_size >= 16_384)

@@ -32,6 +32,7 @@ def test_demo_config_learns_at_a_tiny_size(tmp_path):
     config.training.num_epochs = 4
     config.training.log_every_steps = 10
     config.eval.global_batch_size = 64
+    config.checkpoint.enabled = False
     result = trainer.train_and_evaluate(config, str(tmp_path))
     losses = [r["loss"] for r in result.train_history]
     assert result.plan.total_steps == 40 and len(losses) == 4
@@ -61,7 +62,7 @@ def test_non_finite_loss_stops_training_with_the_step(tmp_path):
     config = tiny_config(optimizer__base_learning_rate=1e30, optimizer__lr_scaling="none")
     config.schedule.warmup_steps = 0
     config.training.num_train_steps = 6
-    with pytest.raises(FloatingPointError, match=r"steps \d+\.\.\d+"):
+    with pytest.raises(FloatingPointError, match=r"Training loss is (nan|inf) at step \d+"):
         trainer.train_and_evaluate(config, str(tmp_path), arrays=random_arrays())
 
 

@@ -1,0 +1,20 @@
+"""The case study's Cloud TPU v2-256: 128 chips, 256 cores (8 GiB HBM each), global batch 32768.
+
+Recipe: the tensorflow/tpu LARS schedule (lars_util: base LR 32, 14 warm-up epochs, polynomial decay
+power 2 to 1e-4), label smoothing 0.1; weight decay 1e-4, bfloat16 compute, batch norm per core (128
+images, as the TPUEstimator reference normalised each replica's batch). 91 epochs (90 measured + 1 warm-
+up): 3,558 steps; the warm-up epoch is 39 steps (CASE_STUDY.md's table).
+"""
+
+from resnet_scaling import recipes
+from resnet_scaling.config import get_base_config
+
+
+def get_config():
+    config = get_base_config()
+    recipes.set_system(config, name="Cloud TPU v2-256 (128 chips)", device_kind="TPU v2", num_devices=256,
+                       topology="v2:8x16")
+    config.model.compute_dtype = "bfloat16"
+    config.model.bn_group_size = 0  # per core
+    config.training.global_batch_size = 32768
+    return recipes.use_case_study_recipe(config)

@@ -1,0 +1,20 @@
+"""The case study's Cloud TPU v2-8: 4 chips, 8 cores (8 GiB HBM each), global batch 1024.
+
+Recipe: momentum 0.9 with Goyal et al.'s linear scaling (LR 0.1 x 1024 / 256, 5-epoch warm-up, x0.1 at
+epochs 30, 60, 80), as the tensorflow/tpu ResNet reference; weight decay 1e-4, bfloat16 compute, batch
+norm per core (128 images, as the TPUEstimator reference normalised each replica's batch). 91 epochs (90
+measured + 1 warm-up): 113,854 steps; the warm-up epoch is 1,251 steps (CASE_STUDY.md's table).
+"""
+
+from resnet_scaling import recipes
+from resnet_scaling.config import get_base_config
+
+
+def get_config():
+    config = get_base_config()
+    recipes.set_system(config, name="Cloud TPU v2-8 (4 chips)", device_kind="TPU v2", num_devices=8,
+                       topology="v2:2x2")
+    config.model.compute_dtype = "bfloat16"
+    config.model.bn_group_size = 0  # per core
+    config.training.global_batch_size = 1024
+    return recipes.use_case_study_recipe(config)

@@ -1,0 +1,59 @@
+"""Entry point: compile the training step ahead of time for a TPU topology, and report on it.
+
+    python -m resnet_scaling.compile --config=configs/pod.py [--topology=v2:16x16] [--json_out=PATH]
+
+Needs libtpu (`pip install -e '.[tpu]'`), not a TPU: the topology's devices come from libtpu's
+description of them. Prints per-device memory against the chip's HBM, FLOPs per step and the collectives
+of the compiled step (see `resnet_scaling.aot`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from resnet_scaling import aot
+from resnet_scaling import config as config_lib
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
+                                          lock_config=True)
+_TOPOLOGY = flags.DEFINE_string("topology", None,
+                                "TPU topology, e.g. v2:16x16 (default: config.system.topology).")
+_JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the report as JSON to this path.")
+flags.mark_flags_as_required(["config"])
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    logging.set_verbosity(logging.INFO)
+    # The compiler runs on the host; never initialise a local accelerator (a CPU machine has none), and
+    # do not take libtpu's single-process lock: compiling needs no TPU, and a run may be using it.
+    jax.config.update("jax_platforms", "cpu")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    config = _CONFIG.value
+    topology = _TOPOLOGY.value or config.system.topology
+    if not topology:
+        raise app.UsageError("No TPU topology: set config.system.topology or pass --topology=v2:16x16.")
+    devices = aot.topology_devices(topology, config.system.chips_per_host_bounds, config.system.num_slices)
+    logging.info("Compiling the %s train step for %s: %d x %s.", config.model.name, topology, len(devices),
+                 devices[0].device_kind)
+    try:
+        report = aot.build_report(config, devices, topology)
+    except config_lib.ConfigError as e:
+        raise app.UsageError(str(e)) from None
+    print(aot.format_report(report))
+    if _JSON_OUT.value:
+        os.makedirs(os.path.dirname(os.path.abspath(_JSON_OUT.value)), exist_ok=True)
+        with open(_JSON_OUT.value, "w") as f:
+            json.dump(dataclasses.asdict(report), f, indent=2)
+        logging.info("Wrote %s.", _JSON_OUT.value)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,238 @@
+"""Checkpoints: exact resume, SIGTERM and SIGKILL, resharding, corrupt and incompatible checkpoints,
+the NaN guard, several processes, and the exported parameters."""
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from resnet_scaling import checkpointing, mesh, models, trainer
+from tests.helpers import random_arrays, tiny_config
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+WORKER = REPO / "tests" / "train_worker.py"
+
+
+def _config(**overrides):
+    # A constant learning rate makes the run's length irrelevant to every step but the last, so that
+    # runs cut at different points can be compared step for step.
+    defaults = {"schedule__name": "constant", "schedule__warmup_steps": 0, "training__num_train_steps": 8,
+                "checkpoint__enabled": True, "checkpoint__every_steps": 2,
+                "checkpoint__async_save": False}
+    return tiny_config(**{**defaults, **overrides})
+
+
+def _train(workdir, **overrides):
+    return trainer.train_and_evaluate(_config(**overrides), str(workdir), arrays=random_arrays(num_train=96))
+
+
+def _params(result):
+    return jax.device_get(result.state.params)
+
+
+def _assert_bitwise_equal(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_a_run_stopped_by_preemption_resumes_to_the_same_parameters_bit_for_bit(tmp_path, monkeypatch):
+    reference = _params(_train(tmp_path / "reference", checkpoint__async_save=True))
+
+    monkeypatch.setattr(checkpointing.PreemptionWatcher, "reached", lambda self, step: step == 3)
+    first = _train(tmp_path / "run", checkpoint__async_save=True)
+    assert first.preempted and int(first.state.step) == 3
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints"))[:2] == ["2", "3"]
+    first_meta = json.loads((tmp_path / "run" / "checkpoints" / "3" / "meta" / "metadata").read_text())
+    monkeypatch.undo()
+
+    resumed = _train(tmp_path / "run", checkpoint__async_save=True)
+    assert resumed.start_step == 3 and not resumed.preempted and int(resumed.state.step) == 8
+    _assert_bitwise_equal(_params(resumed), reference)
+    # The clocks survive the restart: the resumed run's checkpoint counts both runs' training time.
+    meta = json.loads((tmp_path / "run" / "checkpoints" / "8" / "meta" / "metadata").read_text())
+    assert meta["clock"]["train_sec"] > first_meta["clock"]["train_sec"] > 0
+
+
+def test_only_the_last_k_checkpoints_are_kept_and_the_best_parameters_are_saved(tmp_path):
+    result = _train(tmp_path, checkpoint__keep=2, eval__every_epochs=0.5)
+    assert sorted(int(s) for s in os.listdir(tmp_path / "checkpoints") if s.isdigit()) == [6, 8]
+    best_steps = [int(s) for s in os.listdir(tmp_path / "best") if s.isdigit()]
+    best_eval = max(result.eval_history, key=lambda r: r["eval_top1"])
+    assert best_steps == [best_eval["step"]]
+
+
+def test_exported_parameters_load_with_one_call_and_rebuild_the_model(tmp_path):
+    result = _train(tmp_path)
+    variables, config = checkpointing.load_exported(str(tmp_path))
+    _assert_bitwise_equal(variables["params"], _params(result))
+    model = models.model_from_config(config)
+    logits = model.apply(variables, np.zeros((2, 32, 32, 3), np.float32), train=False)
+    assert logits.shape == (2, 10)
+    best_variables, _ = checkpointing.load_exported(str(tmp_path / "best"))
+    assert set(best_variables) == {"params", "batch_stats"}
+
+
+def test_a_checkpoint_written_on_8_devices_resumes_on_4(tmp_path):
+    written = _train(tmp_path, training__num_train_steps=4)
+    m = mesh.create_mesh(4)
+    config = _config(mesh__num_devices=4)
+    ckpt = checkpointing.Checkpointer(str(tmp_path), config)
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=mesh.replicated_sharding(m)),
+        written.state)
+    state, meta = ckpt.restore_latest(abstract)
+    ckpt.close()
+    assert meta["step"] == 4 and len(jax.tree.leaves(state.params)[0].sharding.device_set) == 4
+    _assert_bitwise_equal(jax.device_get(state.params), _params(written))
+    resumed = _train(tmp_path, mesh__num_devices=4, training__num_train_steps=6)
+    assert resumed.start_step == 4 and int(resumed.state.step) == 6
+
+
+def test_a_corrupt_latest_checkpoint_is_skipped_with_a_warning(tmp_path, caplog):
+    _train(tmp_path, training__num_train_steps=4)
+    state_dir = tmp_path / "checkpoints" / "4" / "state"
+    for path in state_dir.rglob("*"):
+        if path.is_file():
+            path.write_bytes(b"garbage")
+    (tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp-1").mkdir()  # A save cut short.
+    with caplog.at_level("WARNING"):
+        resumed = _train(tmp_path, training__num_train_steps=6)
+    assert resumed.start_step == 2
+    assert "Skipping unreadable checkpoint" in caplog.text and "/4" in caplog.text
+
+
+def test_a_checkpoint_of_another_model_is_refused_naming_what_differs(tmp_path):
+    _train(tmp_path, training__num_train_steps=2)
+    with pytest.raises(checkpointing.IncompatibleCheckpointError,
+                       match=r"model.num_filters: checkpoint 8, config 16.*--workdir"):
+        _train(tmp_path, model__num_filters=16)
+
+
+def test_a_diverging_run_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    # 96 examples at batch 16: 6 steps per epoch. The learning rate jumps 1e30-fold after step 4.
+    overrides = {"schedule__name": "piecewise", "schedule__boundary_epochs": (4 / 6,),
+                 "schedule__decay_factor": 1e30, "training__log_every_steps": 3,
+                 "training__num_train_steps": 12}
+    with pytest.raises(FloatingPointError, match=r"at step 6:.*last checkpoint \(step 4\).*intact"):
+        _train(tmp_path, **overrides)
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "4"]
+    ckpt = checkpointing.Checkpointer(str(tmp_path), _config(**overrides))
+    m = mesh.create_mesh(8)
+    reference = _train(tmp_path / "fresh", training__num_train_steps=4).state
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=mesh.replicated_sharding(m)), reference)
+    state, _ = ckpt.restore_latest(abstract)
+    ckpt.close()
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(state.params)))
+
+
+# ------------------------------------------------------------------ real processes
+
+
+def _worker_command(workdir, overrides, **flags):
+    command = [sys.executable, str(WORKER), f"--workdir={workdir}", f"--overrides={json.dumps(overrides)}"]
+    return command + [f"--{k}={v}" for k, v in flags.items()]
+
+
+def _worker_env():
+    return {**os.environ, "XLA_FLAGS": "", "PYTHONUNBUFFERED": "1"}
+
+
+def _run_worker(workdir, overrides, **flags):
+    proc = subprocess.run(_worker_command(workdir, overrides, **flags), env=_worker_env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _run_and_signal(workdir, overrides, at_step, sig):
+    """Starts a worker, sends `sig` once it logs step `at_step`; returns (returncode, log)."""
+    proc = subprocess.Popen(_worker_command(workdir, overrides), env=_worker_env(), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = []
+    try:
+        for line in proc.stdout:
+            log.append(line)
+            if line.startswith(f"step {at_step}/"):
+                proc.send_signal(sig)
+                break
+        log.extend(proc.stdout)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, "".join(log)
+
+
+KILL_OVERRIDES = {"schedule__name": "constant", "schedule__warmup_steps": 0, "checkpoint__enabled": True,
+                  "training__num_train_steps": 60, "training__log_every_steps": 1,
+                  "checkpoint__every_steps": 7}
+
+
+def test_sigterm_and_sigkill_at_random_steps_then_resume_give_the_uninterrupted_parameters(tmp_path):
+    _run_worker(tmp_path / "reference", KILL_OVERRIDES)
+    reference, _ = checkpointing.load_exported(str(tmp_path / "reference"))
+    rng = np.random.default_rng(2026)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        workdir = tmp_path / sig.name
+        at_step = int(rng.integers(9, 40))
+        returncode, log = _run_and_signal(workdir, KILL_OVERRIDES, at_step, sig)
+        if sig == signal.SIGTERM:
+            assert returncode == 0 and "Preempted (SIGTERM) at step" in log, log[-2000:]
+            stopped_at = int(log.split("Preempted (SIGTERM) at step ")[1].split(":")[0])
+            assert stopped_at >= at_step and str(stopped_at) in os.listdir(workdir / "checkpoints")
+        else:
+            assert returncode == -signal.SIGKILL, log[-2000:]
+        resumed = _run_worker(workdir, KILL_OVERRIDES)
+        start_step = int(resumed.stdout.split("start_step=")[1].split()[0])
+        assert 0 < start_step < 60 and "step=60 " in resumed.stdout
+        if sig == signal.SIGTERM:
+            assert start_step == stopped_at
+        variables, _ = checkpointing.load_exported(str(workdir))
+        _assert_bitwise_equal(variables["params"], reference["params"])
+        _assert_bitwise_equal(variables["batch_stats"], reference["batch_stats"])
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_two_processes(workdir, overrides):
+    coordinator = f"127.0.0.1:{_free_port()}"
+    procs = [subprocess.Popen(_worker_command(workdir, overrides, num_cpu_devices=2, num_processes=2,
+                                              process_id=i, coordinator=coordinator),
+                              env=_worker_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for i in range(2)]
+    outputs = []
+    for proc in procs:
+        try:
+            outputs.append(proc.communicate(timeout=240)[0])
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 0, outputs[-1][-3000:] if outputs else ""
+    return outputs
+
+
+def test_two_processes_save_and_restore_to_the_uninterrupted_parameters(tmp_path):
+    overrides = {"schedule__name": "constant", "schedule__warmup_steps": 0, "checkpoint__enabled": True,
+                 "checkpoint__every_steps": 2, "data__shuffle": False}
+    _run_two_processes(tmp_path / "reference", {**overrides, "training__num_train_steps": 6})
+    outputs = _run_two_processes(tmp_path / "run", {**overrides, "training__num_train_steps": 3})
+    assert all("step=3 " in out for out in outputs)
+    outputs = _run_two_processes(tmp_path / "run", {**overrides, "training__num_train_steps": 6})
+    assert all("start_step=3 step=6 " in out for out in outputs)
+    reference, _ = checkpointing.load_exported(str(tmp_path / "reference"))
+    resumed, _ = checkpointing.load_exported(str(tmp_path / "run"))
+    _assert_bitwise_equal(resumed["params"], reference["params"])
+    shutil.rmtree(tmp_path)

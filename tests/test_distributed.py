@@ -1,0 +1,189 @@
+"""Multi-process start-up (`resnet_scaling.distributed`) and the local launcher (`launch/local.py`).
+
+The end-to-end test runs real processes on 127.0.0.1 (CPU devices, gloo collectives) through
+tests/multihost_worker.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from resnet_scaling import distributed
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+LAUNCHER = REPO / "launch" / "local.py"
+WORKER = REPO / "tests" / "multihost_worker.py"
+
+
+def _launcher():
+    spec = importlib.util.spec_from_file_location("_local_launcher", LAUNCHER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _clean_env(**extra):
+    """The test session's environment without its forced 8 devices, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra)
+    return env
+
+
+# --------------------------------------------------------------------------- detect
+
+
+@pytest.mark.parametrize("env", [{}, {"SLURM_NTASKS": "1", "SLURM_JOB_ID": "7"},
+                                 {"TPU_WORKER_HOSTNAMES": "10.0.0.2"},
+                                 {"RESNET_SCALING_NUM_PROCESSES": "1"},
+                                 {"TPU_WORKER_HOSTNAMES": "a,b", "RESNET_SCALING_DISTRIBUTED": "off"}])
+def test_single_process_jobs_do_not_initialize(env):
+    assert distributed.detect(env=env) is None
+    assert distributed.maybe_initialize(env=env) is None
+    assert jax.process_count() == 1
+
+
+def test_explicit_flags_win_over_the_environment():
+    env = {"RESNET_SCALING_COORDINATOR": "10.0.0.9:1", "RESNET_SCALING_NUM_PROCESSES": "8",
+           "RESNET_SCALING_PROCESS_ID": "5"}
+    assert distributed.detect(env=env) == distributed.DistributedSettings(
+        "10.0.0.9:1", 8, 5, "explicit coordinator settings")
+    settings = distributed.detect("host:1234", 2, 1, env=env)
+    assert (settings.coordinator_address, settings.num_processes, settings.process_id) == ("host:1234", 2, 1)
+
+
+def test_jax_environment_variables_are_understood():
+    env = {"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "3"}
+    assert distributed.detect(env=env).process_id == 3
+
+
+@pytest.mark.parametrize("env, reason", [
+    ({"SLURM_NTASKS": "4", "SLURM_JOB_ID": "7"}, "SLURM job with 4 tasks"),
+    ({"TPU_WORKER_HOSTNAMES": "w-0,w-1,w-2,w-3"}, "Cloud TPU pod slice with 4 workers"),
+    ({"MEGASCALE_COORDINATOR_ADDRESS": "10.0.0.1"}, "Cloud TPU multislice job"),
+    ({"RESNET_SCALING_DISTRIBUTED": "auto"}, "RESNET_SCALING_DISTRIBUTED=auto"),
+])
+def test_clusters_are_left_to_jax_auto_detection(env, reason):
+    assert distributed.detect(env=env) == distributed.DistributedSettings(None, None, None, reason)
+
+
+@pytest.mark.parametrize("args, message", [
+    (("h:1", 2, None), "missing the process id"),
+    ((None, 2, 0), "missing the coordinator address"),
+    (("h:1", 2, 2), "Process id 2 is not in [0, 2)"),
+])
+def test_incomplete_or_inconsistent_settings_are_refused(args, message):
+    with pytest.raises(ValueError) as info:
+        distributed.detect(*args, env={})
+    assert message in str(info.value)
+
+
+# --------------------------------------------------------------------------- reaching the coordinator
+
+
+def _unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_wait_for_coordinator_returns_once_something_listens():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        distributed.wait_for_coordinator(f"127.0.0.1:{server.getsockname()[1]}", timeout_sec=5)
+
+
+def test_wait_for_coordinator_gives_up_after_the_timeout():
+    address = f"127.0.0.1:{_unused_port()}"
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=f"Could not reach the coordinator at {address} within 1 s"):
+        distributed.wait_for_coordinator(address, timeout_sec=1, poll_sec=0.2)
+    assert time.monotonic() - start < 5
+
+
+def test_train_fails_fast_and_clearly_when_the_coordinator_is_unreachable(tmp_path):
+    address = f"127.0.0.1:{_unused_port()}"
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "resnet_scaling.train", "--config=configs/demo.py", f"--workdir={tmp_path}",
+         f"--coordinator_address={address}", "--num_processes=2", "--process_id=1",
+         "--initialization_timeout_sec=3"],
+        cwd=REPO, env=_clean_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert f"Could not reach the coordinator at {address} within 3 s" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert time.monotonic() - start < 90  # imports + 3 s, not the 300 s default or a hang
+
+
+# --------------------------------------------------------------------------- the local launcher
+
+
+def test_launcher_gives_each_process_its_id_and_stops_the_job_when_one_fails(tmp_path):
+    script = ("import os, sys, time\n"
+              "pid = int(os.environ['RESNET_SCALING_PROCESS_ID'])\n"
+              "print('id', pid, 'of', os.environ['RESNET_SCALING_NUM_PROCESSES'],"
+              " os.environ['RESNET_SCALING_COORDINATOR'])\n"
+              "sys.exit(3) if pid == 1 else time.sleep(60)\n")
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, str(LAUNCHER), "--num_processes=3", "--", sys.executable, "-c",
+                             script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 3
+    assert time.monotonic() - start < 30  # processes 0 and 2 were stopped, not waited for
+    for i in range(3):
+        assert f"[{i}] id {i} of 3 127.0.0.1:" in result.stdout
+
+
+def test_launcher_cpu_environment_replaces_forced_device_counts():
+    env = _launcher().process_env(1, 2, "127.0.0.1:9", 2, base={
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_dump_to=/tmp/x"})
+    assert env["RESNET_SCALING_PROCESS_ID"] == "1" and env["JAX_NUM_CPU_DEVICES"] == "2"
+    assert env["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] == "gloo"
+    assert env["XLA_FLAGS"] == "--xla_dump_to=/tmp/x"
+
+
+# --------------------------------------------------------------------------- 2 processes = 1 process
+
+
+def test_two_processes_train_to_the_same_parameters_as_one_process_on_4_devices(tmp_path):
+    """2 processes x 2 CPU devices (gloo) and 1 process x 4 devices, same global batches, 3 steps."""
+    multi, single = tmp_path / "multi", tmp_path / "single"
+    runs = [
+        subprocess.Popen([sys.executable, str(LAUNCHER), "--num_processes=2", "--cpu_devices_per_process=2",
+                          "--timeout_sec=240", "--", sys.executable, str(WORKER), f"--out={multi}"],
+                         cwd=REPO, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True),
+        subprocess.Popen([sys.executable, str(WORKER), f"--out={single}", "--num_cpu_devices=4",
+                          "--same_batches_as_processes=2"],
+                         cwd=REPO, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True),
+    ]
+    outputs = []
+    for run in runs:
+        try:
+            outputs.append(run.communicate(timeout=300)[0])
+        except subprocess.TimeoutExpired:
+            for r in runs:
+                r.kill()
+            pytest.fail("a training process hung")
+        assert run.returncode == 0, outputs[-1][-3000:]
+    assert "[0] DONE process 0 of 2, 4 devices, step 3" in outputs[0]
+    assert "[1] DONE process 1 of 2, 4 devices, step 3" in outputs[0]
+    assert "DONE process 0 of 1, 4 devices, step 3" in outputs[1]
+    reference = np.load(single / "variables_0.npz")
+    assert any("batch_stats" in k for k in reference) and len(reference) > 20
+    for process in (0, 1):
+        variables = np.load(multi / f"variables_{process}.npz")
+        assert set(variables) == set(reference)
+        for name in reference:
+            np.testing.assert_allclose(variables[name], reference[name], rtol=1e-5, atol=1e-6, err_msg=name)

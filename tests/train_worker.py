@@ -1,0 +1,46 @@
+"""A training process for tests that need real processes: kills, preemption, several hosts.
+
+python tests/train_worker.py --workdir=DIR --overrides='{"training__num_train_steps": 8}'
+    [--num_cpu_devices=2 --num_processes=2 --process_id=0 --coordinator=127.0.0.1:PORT]
+"""
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+import jax
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from resnet_scaling import trainer  # noqa: E402
+from tests.helpers import random_arrays, tiny_config  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--overrides", default="{}", help="JSON of tiny_config keyword overrides.")
+    parser.add_argument("--num_cpu_devices", type=int, default=1)
+    parser.add_argument("--num_processes", type=int, default=1)
+    parser.add_argument("--process_id", type=int, default=0)
+    parser.add_argument("--coordinator", default="")
+    args = parser.parse_args()
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s", force=True)
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", args.num_cpu_devices)
+    jax.config.update("jax_disable_most_optimizations", True)  # Tiny programs: compile fast.
+    if args.num_processes > 1:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id,
+                                   initialization_timeout=60)
+    config = tiny_config(**json.loads(args.overrides))
+    result = trainer.train_and_evaluate(config, args.workdir, arrays=random_arrays(num_train=96))
+    print(f"DONE start_step={result.start_step} step={int(result.state.step)} "
+          f"preempted={result.preempted}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
