@@ -33,6 +33,7 @@ from resnet_scaling import data as data_lib
 from resnet_scaling import mesh as mesh_lib
 from resnet_scaling import models, optim, steps
 from resnet_scaling.data.sources import SyntheticSource
+from resnet_scaling.metrics import flops_per_device
 
 WATCHED = {"/jax/core/compile/jaxpr_trace_duration": "traces",
            "/jax/core/compile/backend_compile_duration": "compiles"}
@@ -97,18 +98,6 @@ def memory_stats(compiled: Any, device: jax.Device) -> dict[str, int | None]:
     names = ("argument", "output", "alias", "temp", "generated_code")
     return {**{f"{n}_bytes": getattr(m, f"{n}_size_in_bytes", None) for n in names},
             "peak_bytes_in_use": stats.get("peak_bytes_in_use"), "bytes_limit": stats.get("bytes_limit")}
-
-
-def flops_per_device(compiled: Any) -> float | None:
-    """FLOPs of one step of the (per-device, SPMD-partitioned) program; cost_analysis is a dict, a list
-    of dicts or None depending on the jax version and backend."""
-    try:
-        cost = compiled.cost_analysis()
-    except Exception:  # noqa: BLE001
-        return None
-    cost = (cost[0] if cost else None) if isinstance(cost, (list, tuple)) else cost
-    flops = cost.get("flops") if isinstance(cost, dict) else None
-    return float(flops) if flops is not None and flops > 0 else None
 
 
 def time_steps(step_fn: Any, state: Any, next_batch: Callable[[], Any], num_steps: int) -> tuple[Any, float]:

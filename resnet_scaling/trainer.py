@@ -35,6 +35,7 @@ class TrainResult:
       compile_sec: time to compile the train step.
       start_step: the step the run started from (> 0 when it resumed from a checkpoint).
       preempted: whether it stopped early on SIGTERM after saving a checkpoint.
+      summary: the headline figures (`metrics.summary`'s schema), as process 0 writes to summary.json.
     """
 
     state: steps.TrainState
@@ -44,6 +45,7 @@ class TrainResult:
     compile_sec: float
     start_step: int = 0
     preempted: bool = False
+    summary: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def evaluate(eval_step_fn: Any, state: steps.TrainState, source: data_lib.DataSource) -> dict[str, float]:
@@ -103,7 +105,9 @@ def train_and_evaluate(
     eval_step_fn = steps.jit_eval_step(state, mesh, step_config)
 
     checkpointer = checkpointing.Checkpointer(workdir, config) if config.checkpoint.enabled else None
-    clock = {"train_sec": 0.0, "eval_sec": 0.0, "checkpoint_sec": 0.0}
+    # The clocks, saved in every checkpoint so that the totals survive restarts. wall_sec is the training
+    # loop's wall time (MLPerf's clock); steady_state and time_to_accuracy hold their trackers' state.
+    clock: dict[str, Any] = {"train_sec": 0.0, "eval_sec": 0.0, "checkpoint_sec": 0.0, "wall_sec": 0.0}
     if checkpointer is not None:
         abstract_state = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
@@ -122,21 +126,34 @@ def train_and_evaluate(
         state, batch).compile()
     compile_sec = time.perf_counter() - start
     log("Compiled the train step in %.1fs%s.", compile_sec, _memory_note(train_step_fn))
+    flops_per_device = metrics_lib.flops_per_device(train_step_fn)
 
-    writers = metrics_lib.MetricWriters(workdir) if is_writer else None
+    writers = (metrics_lib.MetricWriters(workdir, tensorboard=config.training.tensorboard)
+               if is_writer else None)
     watcher = checkpointing.PreemptionWatcher()
     buffer = metrics_lib.MetricsBuffer()
     timer = metrics_lib.ThroughputTimer(plan.global_batch_size, total_sec=clock["train_sec"])
+    steady = metrics_lib.SteadyStateThroughput(plan.global_batch_size, plan.timing_warmup_steps)
+    steady.load_state_dict(clock.get("steady_state"))
+    time_to_accuracy = metrics_lib.TimeToAccuracy(config.eval.target_top1)
+    time_to_accuracy.load_state_dict(clock.get("time_to_accuracy"))
+    interval_first_step = start_step + 1  # First step of the current log interval.
     train_history: list[dict[str, float]] = []
     eval_history: list[dict[str, float]] = []
     last_saved_step = start_step if start_step > 0 else None  # The newest checkpoint on disk.
     preempted = False
 
+    loop_start, wall_sec_before = time.perf_counter(), clock["wall_sec"]
+
+    def wall_sec() -> float:  # MLPerf's clock: the training loop's wall time over every run of it.
+        return wall_sec_before + time.perf_counter() - loop_start
+
     def save(step: int) -> None:
         # A checkpoint must never hold a diverged state: check the steps since the last fetch first.
         _raise_if_non_finite(buffer.fetch(), last_saved_step)
         save_start = time.perf_counter()
-        clock["train_sec"] = timer.total_sec
+        clock.update(train_sec=timer.total_sec, wall_sec=wall_sec(), steady_state=steady.state_dict(),
+                     time_to_accuracy=time_to_accuracy.state_dict())
         checkpointer.save(step, state, dict(clock))
         clock["checkpoint_sec"] += time.perf_counter() - save_start
 
@@ -144,16 +161,24 @@ def train_and_evaluate(
     try:
         for step in range(start_step + 1, plan.total_steps + 1):  # `step` counts the steps done after it.
             if step > start_step + 1:
+                input_start = time.perf_counter()
                 batch = next(batches)
+                steady.add_input_wait(step, time.perf_counter() - input_start)
             state, step_metrics = train_step_fn(state, batch)
             buffer.append(step, step_metrics)
             timer.count()
+            if step == plan.timing_warmup_steps:
+                # The timed region starts when the warm-up's last step is done: one sync, once per run.
+                jax.block_until_ready(step_metrics)
+                steady.end_warmup(timer.read_total_sec())
             last = step == plan.total_steps
             if _due(step, config.training.log_every_steps, last):
                 new_records = buffer.fetch()
                 _raise_if_non_finite(new_records, last_saved_step)
                 record = {"step": step, "epoch": step / plan.steps_per_epoch, **buffer.mean(),
                           **timer.read_and_reset()}
+                steady.add_interval(interval_first_step, step, record.get("sec_per_step"))
+                interval_first_step = step + 1
                 train_history.append(record)
                 if is_writer:
                     eta = (plan.total_steps - step) * record.get("sec_per_step", 0.0)
@@ -170,6 +195,11 @@ def train_and_evaluate(
                                 "eval_sec": time.perf_counter() - eval_start}
                 clock["eval_sec"] += eval_metrics["eval_sec"]
                 eval_history.append(eval_metrics)
+                if time_to_accuracy.update(step, step / plan.steps_per_epoch, eval_metrics["eval_top1"],
+                                           steady.timed_sec(timer.total_sec), wall_sec()):
+                    log("Reached the target top-1 %.4f at step %d (epoch %.2f): %.1fs timed, %.1fs wall.",
+                        config.eval.target_top1, step, step / plan.steps_per_epoch,
+                        steady.timed_sec(timer.total_sec), wall_sec())
                 if is_writer:
                     logger.info("eval at step %d: loss %.4f, top1 %.4f, top5 %.4f over %d images (%.1fs)",
                                 step, eval_metrics["eval_loss"], eval_metrics["eval_top1"],
@@ -193,6 +223,11 @@ def train_and_evaluate(
         timer.pause()
         if checkpointer is not None and not preempted and config.checkpoint.export:
             log("Exported the final parameters to %s.", checkpointer.export(state))
+        clock.update(train_sec=timer.total_sec, wall_sec=wall_sec())
+        summary = _summary(config, plan, mesh, int(state.step), start_step, preempted, compile_sec, clock,
+                           steady, time_to_accuracy, flops_per_device)
+        if is_writer:
+            log("Summary written to %s.", metrics_lib.write_summary(workdir, summary))
     finally:
         watcher.close()
         if checkpointer is not None:
@@ -200,7 +235,33 @@ def train_and_evaluate(
         if writers is not None:
             writers.close()
     return TrainResult(state=state, plan=plan, train_history=train_history, eval_history=eval_history,
-                       compile_sec=compile_sec, start_step=start_step, preempted=preempted)
+                       compile_sec=compile_sec, start_step=start_step, preempted=preempted, summary=summary)
+
+
+def _summary(config: ml_collections.ConfigDict, plan: config_lib.TrainingPlan, mesh: jax.sharding.Mesh,
+             final_step: int, start_step: int, preempted: bool, compile_sec: float, clock: dict[str, Any],
+             steady: metrics_lib.SteadyStateThroughput, time_to_accuracy: metrics_lib.TimeToAccuracy,
+             flops_per_device: float | None) -> dict[str, Any]:
+    """The run's headline figures in `metrics.summary`'s schema."""
+    device = mesh.devices.flat[0]
+    throughput = steady.summary(final_step, clock["train_sec"])
+    images_per_sec = throughput["images_per_sec"]
+    throughput["images_per_sec_per_device"] = images_per_sec / mesh.size if images_per_sec else None
+    # MFU from the steady-state mean step time (all timed seconds / timed steps), not a percentile.
+    sec_per_step = (throughput["steady_state_sec"] / throughput["steady_state_steps"]
+                    if images_per_sec else None)
+    return metrics_lib.build_summary(
+        run={"devices": mesh.size, "device_kind": device.device_kind, "platform": device.platform,
+             "process_count": jax.process_count(), "global_batch_size": plan.global_batch_size,
+             "per_device_batch_size": plan.per_device_batch_size, "steps_per_epoch": plan.steps_per_epoch,
+             "start_step": start_step, "final_step": final_step, "total_steps": plan.total_steps,
+             "timing_warmup_steps": plan.timing_warmup_steps, "preempted": preempted},
+        throughput=throughput,
+        time={"compile_sec": compile_sec, **{k: float(clock[k]) for k in
+                                             ("train_sec", "eval_sec", "checkpoint_sec", "wall_sec")}},
+        accuracy=time_to_accuracy.result(),
+        utilisation=metrics_lib.utilisation(flops_per_device, sec_per_step, mesh.size, device.device_kind),
+        config=config.to_dict())
 
 
 def _due(step: int, every_steps: int, last: bool) -> bool:

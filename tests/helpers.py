@@ -19,6 +19,7 @@ def tiny_config(**overrides):
     config.schedule.warmup_steps = 1
     config.eval.global_batch_size = 16
     config.eval.every_epochs = 0
+    config.training.tensorboard = False  # Saves importing TensorFlow in every test process.
     config.checkpoint.enabled = False  # tests/test_checkpointing.py turns it on where it matters.
     for key, value in overrides.items():
         section, name = key.split("__")

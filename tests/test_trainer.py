@@ -44,7 +44,7 @@ def test_demo_config_learns_at_a_tiny_size(tmp_path):
 
 
 def test_metrics_are_written_as_json_lines_with_train_and_eval_records(tmp_path):
-    config = tiny_config()
+    config = tiny_config(training__tensorboard=True)
     config.eval.every_epochs = 0.5  # 64 examples, batch 16: an evaluation every 2 steps.
     result = trainer.train_and_evaluate(config, str(tmp_path), arrays=random_arrays())
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -84,7 +84,8 @@ def test_command_line_trains_with_overrides_and_reports_progress(tmp_path):
                     "--config.model.name=resnet_tiny", "--config.data.num_train_examples=256",
                     "--config.data.num_eval_examples=64", "--config.training.num_train_steps=4",
                     "--config.training.global_batch_size=32", "--config.training.log_every_steps=2",
-                    "--config.eval.global_batch_size=32", tmp_path=tmp_path)
+                    "--config.eval.global_batch_size=32", "--config.training.tensorboard=false",
+                    tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = proc.stderr
     for expected in ("Mesh: 1 devices", "32 global, 32 per device", "Compiled the train step",

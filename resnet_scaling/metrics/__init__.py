@@ -1,0 +1,54 @@
+"""Training metrics: on-device step metrics, throughput, time-to-accuracy, utilisation, writers, summary.
+
+| module | job |
+|---|---|
+| `device.py` | step metrics kept on the device and fetched every N steps; the evaluation summary |
+| `throughput.py` | the training clock (compile, evaluation, checkpoints off it), steady-state images/sec |
+| `accuracy.py` | time-to-accuracy (the case study's timed region and MLPerf's clock), epochs-to-accuracy |
+| `utilisation.py` | FLOPs per step from XLA's cost analysis, TFLOP/s per device, MFU against peak rates |
+| `writers.py` | JSON lines, TensorBoard event files, console durations |
+| `summary.py` | `summary.json`: the headline figures of a run and its config |
+"""
+
+from resnet_scaling.metrics.accuracy import MLPERF_TARGET_TOP1, TimeToAccuracy
+from resnet_scaling.metrics.device import MetricsBuffer, first_non_finite_step, summarize_eval
+from resnet_scaling.metrics.summary import (
+    SUMMARY_SCHEMA,
+    SUMMARY_SCHEMA_VERSION,
+    build_summary,
+    check_summary,
+    read_summary,
+    write_summary,
+)
+from resnet_scaling.metrics.throughput import SteadyStateThroughput, ThroughputTimer
+from resnet_scaling.metrics.utilisation import (
+    PEAK_TFLOPS_PER_DEVICE,
+    flops_per_device,
+    peak_tflops_per_device,
+    utilisation,
+)
+from resnet_scaling.metrics.writers import JsonLinesWriter, MetricWriters, TensorBoardWriter, format_duration
+
+__all__ = [
+    "MLPERF_TARGET_TOP1",
+    "PEAK_TFLOPS_PER_DEVICE",
+    "SUMMARY_SCHEMA",
+    "SUMMARY_SCHEMA_VERSION",
+    "JsonLinesWriter",
+    "MetricWriters",
+    "MetricsBuffer",
+    "SteadyStateThroughput",
+    "TensorBoardWriter",
+    "ThroughputTimer",
+    "TimeToAccuracy",
+    "build_summary",
+    "check_summary",
+    "flops_per_device",
+    "first_non_finite_step",
+    "format_duration",
+    "peak_tflops_per_device",
+    "read_summary",
+    "summarize_eval",
+    "utilisation",
+    "write_summary",
+]

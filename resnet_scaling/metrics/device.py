@@ -1,0 +1,70 @@
+"""Metrics kept on the device and fetched every N steps; the evaluation summary.
+
+The host never waits for the device per step: step metrics stay as device arrays in a `MetricsBuffer`
+until the trainer asks for their mean, every `log_every_steps`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+
+class MetricsBuffer:
+    """Per-step metric dicts of device scalars, fetched from the device only when asked.
+
+    `fetch()` copies what is pending to the host (one transfer) and returns those steps' records, so the
+    caller can check them (a non-finite loss) before a checkpoint; `mean()` averages every step since the
+    last `mean()`.
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[int, dict[str, jax.Array]]] = []
+        self._fetched: list[dict[str, float]] = []
+
+    def append(self, step: int, metrics: Mapping[str, jax.Array]) -> None:
+        self._pending.append((step, dict(metrics)))
+
+    def __len__(self) -> int:
+        return len(self._pending) + len(self._fetched)
+
+    def fetch(self) -> list[dict[str, float]]:
+        """Host copies of the steps not fetched yet, each with its `step` (blocks until computed)."""
+        if not self._pending:
+            return []
+        values = jax.device_get([m for _, m in self._pending])
+        records = [{"step": step, **{k: float(v) for k, v in m.items()}}
+                   for (step, _), m in zip(self._pending, values, strict=True)]
+        self._pending = []
+        self._fetched.extend(records)
+        return records
+
+    def mean(self) -> dict[str, float]:
+        """Means over the steps since the last call (fetching what is pending), then starts afresh."""
+        self.fetch()
+        records, self._fetched = self._fetched, []
+        if not records:
+            return {}
+        return {k: float(np.mean([r[k] for r in records])) for k in records[0] if k != "step"}
+
+
+def first_non_finite_step(records: list[dict[str, float]], key: str = "loss") -> int | None:
+    """The step of the first record whose `key` is NaN or infinite, else None."""
+    for record in records:
+        if not np.isfinite(record[key]):
+            return int(record["step"])
+    return None
+
+
+def summarize_eval(sums: Mapping[str, Any]) -> dict[str, float]:
+    """Turns summed eval metrics (`loss_sum`, `top1_sum`, `top5_sum`, `count`) into means."""
+    count = float(sums["count"])
+    return {
+        "eval_loss": float(sums["loss_sum"]) / count,
+        "eval_top1": float(sums["top1_sum"]) / count,
+        "eval_top5": float(sums["top5_sum"]) / count,
+        "eval_count": count,
+    }

@@ -1,0 +1,124 @@
+"""`summary.json`: the headline figures of a run and its config, written at the end of every run.
+
+Schema (version `SUMMARY_SCHEMA_VERSION`; seconds, images and FLOPs as plain numbers, None as null where
+a figure is unknown: no timed region, no evaluation reached the target, no published peak):
+
+- `schema_version` (int)
+- `run`: `devices`, `device_kind`, `platform`, `process_count`, `global_batch_size`,
+  `per_device_batch_size`, `steps_per_epoch`, `start_step`, `final_step`, `total_steps`,
+  `timing_warmup_steps`, `preempted`
+- `throughput`: `images_per_sec` and `images_per_sec_per_device` (steady state: after the warm-up, with
+  compile, evaluation and checkpoints off the clock), `steady_state_steps`, `steady_state_sec`,
+  `step_time_sec_p50` / `_p90` / `_p99` (over log intervals after the warm-up), `input_wait_fraction`
+- `time`: `compile_sec`, `train_sec` (the whole training clock, warm-up included), `eval_sec`,
+  `checkpoint_sec`, `wall_sec` (the training loop's wall time, everything included)
+- `accuracy`: `target_top1`, `reached`, `time_to_accuracy_sec` (the case study's timed region),
+  `mlperf_time_to_accuracy_sec` (wall clock from the start, evaluation included), `epochs_to_accuracy`,
+  `steps_to_accuracy`, `final_eval_top1`, `best_eval_top1`, `num_evals`
+- `utilisation`: `flops_per_step`, `flops_per_step_per_device`, `tflops_per_sec_per_device`,
+  `peak_tflops_per_device`, `mfu`
+- `config`: the run's config (`config.to_dict()`)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import types
+from collections.abc import Mapping
+from typing import Any
+
+SUMMARY_SCHEMA_VERSION = 1
+SUMMARY_FILENAME = "summary.json"
+
+# Each section's keys and the JSON types a value may take (None: null allowed); read-only proxies, so no
+# caller can change the schema at run time. `check_summary` tests written summaries against it.
+_NUM = (int, float)
+_SCHEMA = {
+    "run": {"devices": (int,), "device_kind": (str,), "platform": (str,), "process_count": (int,),
+            "global_batch_size": (int,), "per_device_batch_size": (int,), "steps_per_epoch": (int,),
+            "start_step": (int,), "final_step": (int,), "total_steps": (int,),
+            "timing_warmup_steps": (int,), "preempted": (bool,)},
+    "throughput": {"images_per_sec": (*_NUM, None), "images_per_sec_per_device": (*_NUM, None),
+                   "steady_state_steps": (int,), "steady_state_sec": _NUM,
+                   "step_time_sec_p50": (*_NUM, None), "step_time_sec_p90": (*_NUM, None),
+                   "step_time_sec_p99": (*_NUM, None), "input_wait_fraction": (*_NUM, None)},
+    "time": {"compile_sec": _NUM, "train_sec": _NUM, "eval_sec": _NUM, "checkpoint_sec": _NUM,
+             "wall_sec": _NUM},
+    "accuracy": {"target_top1": _NUM, "reached": (bool,), "time_to_accuracy_sec": (*_NUM, None),
+                 "mlperf_time_to_accuracy_sec": (*_NUM, None), "epochs_to_accuracy": (*_NUM, None),
+                 "steps_to_accuracy": (int, None), "final_eval_top1": (*_NUM, None),
+                 "best_eval_top1": (*_NUM, None), "num_evals": (int,)},
+    "utilisation": {"flops_per_step": (*_NUM, None), "flops_per_step_per_device": (*_NUM, None),
+                    "tflops_per_sec_per_device": (*_NUM, None), "peak_tflops_per_device": (*_NUM, None),
+                    "mfu": (*_NUM, None)},
+}
+SUMMARY_SCHEMA: Mapping[str, Mapping[str, tuple[type | None, ...]]] = types.MappingProxyType(
+    {name: types.MappingProxyType(keys) for name, keys in _SCHEMA.items()})
+del _SCHEMA
+
+
+def build_summary(*, run: Mapping[str, Any], throughput: Mapping[str, Any], time: Mapping[str, Any],
+                  accuracy: Mapping[str, Any], utilisation: Mapping[str, Any],
+                  config: Mapping[str, Any]) -> dict[str, Any]:
+    """Assembles a summary from its sections, keeping only the schema's keys (so it cannot drift).
+
+    Raises:
+      KeyError: if a section lacks a key of the schema.
+    """
+    sections = {"run": run, "throughput": throughput, "time": time, "accuracy": accuracy,
+                "utilisation": utilisation}
+    summary: dict[str, Any] = {"schema_version": SUMMARY_SCHEMA_VERSION}
+    for name, keys in SUMMARY_SCHEMA.items():
+        summary[name] = {key: sections[name][key] for key in keys}
+    summary["config"] = dict(config)
+    return summary
+
+
+def check_summary(summary: Mapping[str, Any]) -> list[str]:
+    """Differences between `summary` and the schema (missing or extra keys, wrong types); [] if none."""
+    problems = []
+    if summary.get("schema_version") != SUMMARY_SCHEMA_VERSION:
+        problems.append(f"schema_version {summary.get('schema_version')!r} != {SUMMARY_SCHEMA_VERSION}")
+    expected_top = {"schema_version", "config", *SUMMARY_SCHEMA}
+    problems += [f"unexpected section {k!r}" for k in sorted(set(summary) - expected_top)]
+    if not isinstance(summary.get("config"), dict):
+        problems.append("config is not an object")
+    for name, keys in SUMMARY_SCHEMA.items():
+        section = summary.get(name)
+        if not isinstance(section, dict):
+            problems.append(f"section {name!r} missing")
+            continue
+        problems += [f"{name}.{k}: unexpected" for k in sorted(set(section) - set(keys))]
+        for key, allowed in keys.items():
+            if key not in section:
+                problems.append(f"{name}.{key}: missing")
+                continue
+            value = section[key]
+            # bool is an int subclass in Python: True must not pass as a count.
+            ok = (value is None and None in allowed) or any(
+                t is not None and isinstance(value, t) and not (isinstance(value, bool) and t is not bool)
+                for t in allowed)
+            if not ok:
+                problems.append(f"{name}.{key}: {value!r} is not {allowed}")
+    return problems
+
+
+def write_summary(workdir: str, summary: Mapping[str, Any]) -> str:
+    """Writes `WORKDIR/summary.json` (the caller decides who writes: process 0) and returns its path."""
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, SUMMARY_FILENAME)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2, default=str)  # default=str: config values such as tuples' odd types.
+        f.write("\n")
+    os.replace(tmp, path)  # A reader never sees half a file.
+    return path
+
+
+def read_summary(path: str) -> dict[str, Any]:
+    """Loads a `summary.json` (a file or a workdir holding one)."""
+    if os.path.isdir(path):
+        path = os.path.join(path, SUMMARY_FILENAME)
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)

@@ -1,0 +1,82 @@
+"""Writers: JSON lines for machines, TensorBoard event files, and a compact duration for console lines."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+
+class JsonLinesWriter:
+    """Appends one JSON object per write to `path` (for machines; one line per step logged)."""
+
+    def __init__(self, path: str) -> None:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def write(self, step: int, values: Mapping[str, Any]) -> None:
+        record = {"step": int(step), "time": time.time(), **{k: _plain(v) for k, v in values.items()}}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class TensorBoardWriter:
+    """Scalars as TensorBoard event files through clu (imported lazily: it pulls in TensorFlow)."""
+
+    def __init__(self, logdir: str) -> None:
+        from clu import metric_writers
+
+        self._writer = metric_writers.SummaryWriter(logdir)
+
+    def write(self, step: int, values: Mapping[str, Any]) -> None:
+        scalars = {k: v for k, v in values.items() if isinstance(v, int | float)}
+        self._writer.write_scalars(int(step), scalars)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class MetricWriters:
+    """Fans each record out to JSON lines and, where clu and TensorBoard are installed, event files."""
+
+    def __init__(self, workdir: str, tensorboard: bool = True) -> None:
+        self._writers: list[Any] = [JsonLinesWriter(os.path.join(workdir, "metrics.jsonl"))]
+        if tensorboard:
+            try:
+                self._writers.append(TensorBoardWriter(os.path.join(workdir, "tensorboard")))
+            except ImportError as e:
+                logger.warning("TensorBoard summaries off (%s); metrics.jsonl has every record.", e)
+
+    def write(self, step: int, values: Mapping[str, Any]) -> None:
+        for writer in self._writers:
+            writer.write(step, values)
+
+    def close(self) -> None:
+        for writer in self._writers:
+            writer.close()
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.generic | np.ndarray):
+        return value.tolist()
+    return value
+
+
+def format_duration(seconds: float) -> str:
+    """A compact human duration: 42s, 3m07s, 2h05m."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
