@@ -93,7 +93,7 @@ def train_and_evaluate(
         plan.global_batch_size, plan.per_device_batch_size, plan.total_steps, plan.steps_per_epoch,
         plan.total_steps / plan.steps_per_epoch, plan.warmup_steps, plan.peak_learning_rate)
 
-    model = models.model_from_config(config, num_devices=mesh.size)  # issue 4: resolves bn_group_size=0
+    model = models.model_from_config(config, num_devices=mesh.size)  # Resolves bn_group_size=0.
     learning_rate_fn = optim.create_learning_rate_schedule(config, plan)
     tx = optim.create_optimizer(config, learning_rate_fn)
     state = steps.create_train_state(jax.random.key(config.seed), model, tx, config.data.image_size, mesh,
