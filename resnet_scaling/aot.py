@@ -118,14 +118,7 @@ def abstract_train_state(config: ml_collections.ConfigDict, mesh: jax.sharding.M
     model = models.model_from_config(config, num_devices=mesh.size)
     learning_rate_fn = optim.create_learning_rate_schedule(config, plan)
     tx = optim.create_optimizer(config, learning_rate_fn)
-    dynamic_scale = optim.create_dynamic_scale(config)
-    image_size = config.data.image_size
-
-    def init(rng):
-        variables = model.init(rng, jnp.zeros((1, image_size, image_size, 3), model.dtype), train=False)
-        return steps.TrainState.create(apply_fn=model.apply, params=variables["params"], tx=tx,
-                                       batch_stats=variables["batch_stats"], dynamic_scale=dynamic_scale)
-
+    init = steps.train_state_init_fn(model, tx, config.data.image_size, optim.create_dynamic_scale(config))
     shapes = jax.eval_shape(init, jax.random.key(config.seed))
     shardings = steps.state_sharding(shapes, mesh)
     state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings)

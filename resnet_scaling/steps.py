@@ -147,6 +147,23 @@ def eval_step(state: TrainState, batch: Batch, *, step_config: StepConfig) -> Me
     }
 
 
+def train_state_init_fn(
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    image_size: int,
+    dynamic_scale: dynamic_scale_lib.DynamicScale | None = None,
+) -> Callable[[jax.Array], TrainState]:
+    """`rng -> TrainState`: the state's initialiser, to jit (`create_train_state`) or `jax.eval_shape`."""
+
+    def init(rng):
+        variables = model.init(rng, jnp.zeros((1, image_size, image_size, 3), model.dtype),
+                               train=False)
+        return TrainState.create(apply_fn=model.apply, params=variables["params"], tx=tx,
+                                 batch_stats=variables["batch_stats"], dynamic_scale=dynamic_scale)
+
+    return init
+
+
 def create_train_state(
     rng: jax.Array,
     model: nn.Module,
@@ -156,13 +173,7 @@ def create_train_state(
     dynamic_scale: dynamic_scale_lib.DynamicScale | None = None,
 ) -> TrainState:
     """Initialises the state directly into its replicated sharding on `mesh` (no host copy)."""
-
-    def init(rng):
-        variables = model.init(rng, jnp.zeros((1, image_size, image_size, 3), model.dtype),
-                               train=False)
-        return TrainState.create(apply_fn=model.apply, params=variables["params"], tx=tx,
-                                 batch_stats=variables["batch_stats"], dynamic_scale=dynamic_scale)
-
+    init = train_state_init_fn(model, tx, image_size, dynamic_scale)
     return jax.jit(init, out_shardings=mesh_lib.replicated_sharding(mesh))(rng)
 
 
