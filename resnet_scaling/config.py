@@ -13,7 +13,8 @@ import math
 import ml_collections
 
 MODEL_NAMES = ("resnet_tiny", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnet200")
-DATA_SOURCES = ("synthetic", "shapes", "arrays")
+DATA_SOURCES = ("tfds", "folders", "shapes", "synthetic", "arrays")
+RESIZE_METHODS = ("bilinear", "bicubic", "area")
 OPTIMIZERS = ("sgd", "lars")
 SCHEDULES = ("cosine", "polynomial", "piecewise", "constant")
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
@@ -51,16 +52,44 @@ def get_base_config() -> ml_collections.ConfigDict:
     config.model.compute_dtype = "float32"
 
     config.data = ml_collections.ConfigDict()
-    # Where images come from: "synthetic" (random images made on the device, for throughput),
-    # "shapes" (the generated demo dataset), "arrays" (NumPy arrays handed to train_and_evaluate).
-    config.data.source = "synthetic"
+    # Where images come from:
+    #   "tfds": a prepared TensorFlow Datasets dataset (`dataset`, `data_dir`; imagenet2012 by default),
+    #   "folders": JPEG/PNG files in <folder>/train/<class>/ and <folder>/val/<class>/,
+    #   "shapes": the generated demo dataset, written once as JPEGs into `cache_dir`, read like "folders",
+    #   "synthetic": random images made on the device (throughput benchmarks; no input cost),
+    #   "arrays": NumPy arrays handed to train_and_evaluate (research code, tests).
+    config.data.source = "tfds"
+    config.data.dataset = "imagenet2012"  # TFDS name, optionally with config/version ("name/config:1.0.0").
+    config.data.data_dir = ""  # TFDS data_dir; "": $TFDS_DATA_DIR or ~/tensorflow_datasets.
+    config.data.train_split = "train"  # TFDS split names; sub-splits ("train[:90%]") work too.
+    config.data.eval_split = "validation"
+    config.data.image_key = "image"  # TFDS feature names of the image and the label.
+    config.data.label_key = "label"
+    config.data.folder = ""  # Root of a class-folder dataset ("folders").
+    config.data.cache_dir = "~/.cache/resnet_scaling"  # Where the "shapes" dataset's files are written once.
     config.data.image_size = 224  # Height and width of training and evaluation images.
     config.data.num_train_examples = IMAGENET_NUM_TRAIN_EXAMPLES  # Epoch length for synthetic/shapes.
     config.data.num_eval_examples = IMAGENET_NUM_EVAL_EXAMPLES  # Validation images for synthetic/shapes.
     config.data.mean_rgb = IMAGENET_MEAN_RGB  # Subtracted on the device from images scaled to [0, 1].
     config.data.stddev_rgb = IMAGENET_STDDEV_RGB  # Divides them afterwards.
-    config.data.shuffle = True  # Reshuffle the training examples every epoch (in-memory sources).
+    config.data.shuffle = True  # Reshuffle the training examples every epoch.
     config.data.synthetic_num_batches = 4  # Distinct batches the synthetic source makes and cycles.
+    # Training augmentation (ResNet-50 v1.5 reference): decode a random crop covering this fraction of
+    # the image's area (MLPerf uses 0.05 as the lower end) with an aspect ratio in this range, resize it.
+    config.data.crop_area_range = (0.08, 1.0)
+    config.data.crop_aspect_range = (3 / 4, 4 / 3)
+    config.data.crop_attempts = 10  # Windows tried before falling back to the evaluation centre crop.
+    config.data.random_flip = True  # Random horizontal flip in training.
+    # Evaluation: resize the shorter side to this, then cut the central image_size square (256 -> 224).
+    config.data.eval_resize_size = 256
+    config.data.resize_method = "bilinear"  # "bilinear", "bicubic" or "area".
+    # tf.data: TFRecord (TFDS) sources read `interleave_cycle_length` file pieces at once and permute
+    # their records within windows of `shuffle_buffer_size` (that many encoded images in host memory).
+    config.data.shuffle_buffer_size = 16_384
+    config.data.interleave_cycle_length = 16
+    config.data.num_threads = 0  # Host threads for decoding; 0 lets tf.data choose (all cores).
+    config.data.prefetch_batches = 2  # Batches decoded ahead on the host.
+    config.data.device_prefetch = 2  # Batches copied to the devices ahead of the step that takes them.
 
     config.system = ml_collections.ConfigDict()
     config.system.name = ""  # The hardware a config is written for, e.g. "Cloud TPU v2-512"; for reports.
@@ -274,6 +303,27 @@ def _require_positive(config: ml_collections.ConfigDict, field: str) -> None:
     _require(value > 0, field, f"must be positive, got {value!r}.")
 
 
+def _validate_input_pipeline(data: ml_collections.ConfigDict) -> None:
+    _require_choice(data.resize_method, "data.resize_method", RESIZE_METHODS)
+    if data.source == "tfds":
+        _require(bool(data.dataset), "data.dataset", "name a TFDS dataset, e.g. 'imagenet2012'.")
+    if data.source == "folders":
+        _require(bool(data.folder), "data.folder",
+                 "give the dataset's root (with train/<class>/ and val/<class>/ inside).")
+    low, high = data.crop_area_range
+    _require(0.0 < low <= high <= 1.0, "data.crop_area_range",
+             f"needs 0 < low <= high <= 1 (the reference uses (0.08, 1.0)), got {(low, high)}.")
+    low, high = data.crop_aspect_range
+    _require(0.0 < low <= high, "data.crop_aspect_range",
+             f"needs 0 < low <= high (the reference uses (3/4, 4/3)), got {(low, high)}.")
+    _require(data.eval_resize_size >= data.image_size, "data.eval_resize_size",
+             f"must be at least data.image_size ({data.image_size}), got {data.eval_resize_size}.")
+    for field in ("crop_attempts", "shuffle_buffer_size", "interleave_cycle_length"):
+        _require(data[field] > 0, f"data.{field}", f"must be positive, got {data[field]}.")
+    for field in ("num_threads", "prefetch_batches", "device_prefetch"):
+        _require(data[field] >= 0, f"data.{field}", f"must be >= 0, got {data[field]}.")
+
+
 def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
     """Refuses invalid settings with a `ConfigError` that names the field and the fix.
 
@@ -284,6 +334,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     _require_choice(config.model.name, "model.name", MODEL_NAMES)
     _require_choice(config.model.compute_dtype, "model.compute_dtype", COMPUTE_DTYPES)
     _require_choice(config.data.source, "data.source", DATA_SOURCES)
+    _validate_input_pipeline(config.data)
     _require_choice(config.optimizer.name, "optimizer.name", OPTIMIZERS)
     _require_choice(config.optimizer.lr_scaling, "optimizer.lr_scaling", LR_SCALINGS)
     _require_choice(config.schedule.name, "schedule.name", SCHEDULES)

@@ -6,7 +6,10 @@ from resnet_scaling.config import get_base_config
 
 
 def tiny_config(**overrides):
-    """A resnet_tiny config on 32x32 arrays: compiles and steps in seconds on a CPU."""
+    """A resnet_tiny config on 32x32 arrays: compiles and steps in seconds on a CPU.
+
+    Overrides name `section__field` (or a top-level field such as `seed`).
+    """
     config = get_base_config()
     config.model.name = "resnet_tiny"
     config.model.num_classes = 10
@@ -22,8 +25,11 @@ def tiny_config(**overrides):
     config.training.tensorboard = False  # Saves importing TensorFlow in every test process.
     config.checkpoint.enabled = False  # tests/test_checkpointing.py turns it on where it matters.
     for key, value in overrides.items():
-        section, name = key.split("__")
-        config[section][name] = value
+        if "__" in key:
+            section, name = key.split("__")
+            config[section][name] = value
+        else:
+            config[key] = value
     return config
 
 

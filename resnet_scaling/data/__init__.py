@@ -1,4 +1,8 @@
-"""Input: data sources behind one interface, and the generated demo dataset."""
+"""Input: data sources behind one interface, and the generated demo dataset.
+
+The TFDS, class-folder and shapes sources run on tf.data; TensorFlow is imported only when one of them is
+built, so the synthetic and array sources (and the model, step and metrics) run without it.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,12 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from resnet_scaling.data.shapes import make_shapes
-from resnet_scaling.data.sources import ArraySource, DataSource, SyntheticSource, process_share
+from resnet_scaling.data.image_folders import DataError
+from resnet_scaling.data.shapes import make_shapes, shapes_folder
+from resnet_scaling.data.sources import ArraySource, DataSource, SyntheticSource, prefetch, process_share
 
-__all__ = ["ArraySource", "DataSource", "SyntheticSource", "create_data_source", "make_shapes",
-           "process_share"]
+__all__ = ["ArraySource", "DataError", "DataSource", "SyntheticSource", "create_data_source", "make_shapes",
+           "prefetch", "process_share", "shapes_folder"]
 
 
 def create_data_source(
@@ -24,6 +29,10 @@ def create_data_source(
       config: the run's config.
       mesh: the device mesh batches are sharded over.
       arrays: `(train_images, train_labels, eval_images, eval_labels)` for the "arrays" source.
+
+    Raises:
+      DataError: the dataset is missing, unprepared or does not match the config; the message says
+        what to run or change.
     """
     data, training = config.data, config.training
     source = data.source
@@ -37,19 +46,28 @@ def create_data_source(
             num_train_examples=data.num_train_examples, num_eval_examples=data.num_eval_examples,
             num_batches=data.synthetic_num_batches, seed=config.seed,
         )
-    if source == "shapes":
-        # Different seeds keep the held-out images apart from the training images.
-        train = make_shapes(data.num_train_examples, data.image_size, seed=config.seed)
-        held_out = make_shapes(data.num_eval_examples, data.image_size, seed=config.seed + 1_000_003)
-        arrays = (*train, *held_out)
-    elif source == "arrays":
+    if source == "arrays":
         if arrays is None:
             raise ValueError("config.data.source is 'arrays': pass arrays=(train_images, train_labels, "
                              "eval_images, eval_labels) to train_and_evaluate.")
-    else:
-        raise ValueError(f"config.data.source: unknown source {source!r}.")
-    return ArraySource(
-        *arrays, global_batch_size=training.global_batch_size,
-        eval_global_batch_size=config.eval.global_batch_size, mesh=mesh, seed=config.seed,
-        shuffle=data.shuffle, num_classes=config.model.num_classes, image_size=data.image_size,
-    )
+        return ArraySource(
+            *arrays, global_batch_size=training.global_batch_size,
+            eval_global_batch_size=config.eval.global_batch_size, mesh=mesh, seed=config.seed,
+            shuffle=data.shuffle, num_classes=config.model.num_classes, image_size=data.image_size,
+        )
+    if source in ("tfds", "folders", "shapes"):
+        _hide_accelerators_from_tensorflow()
+        from resnet_scaling.data import pipeline  # Imports TensorFlow.
+
+        return pipeline.source_from_config(config, mesh)
+    raise ValueError(f"config.data.source: unknown source {source!r}.")
+
+
+def _hide_accelerators_from_tensorflow() -> None:
+    """TensorFlow only decodes images on the host: keep it off the GPUs so JAX keeps their memory."""
+    import tensorflow as tf
+
+    try:
+        tf.config.set_visible_devices([], "GPU")
+    except RuntimeError:  # TensorFlow already initialised its devices (e.g. by the caller): leave it.
+        pass

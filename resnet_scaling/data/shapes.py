@@ -7,6 +7,8 @@ gives the same images on every machine.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 CLASS_NAMES = (
@@ -98,3 +100,25 @@ def make_shapes(num_examples: int, image_size: int = 32, seed: int = 0) -> tuple
         pixels = background * (1 - mask) + foreground * mask + noise
         images[idx] = np.clip(pixels, 0, 255).astype(np.uint8)
     return images, labels
+
+
+# Bump when make_shapes or the file layout changes, so that stale cached copies are not reused.
+_FOLDER_VERSION = 1
+
+
+def shapes_folder(cache_dir: str, *, num_train: int, num_eval: int, image_size: int = 32,
+                  seed: int = 0) -> str:
+    """The shapes dataset as JPEG files in the class-folder layout, written once into `cache_dir`.
+
+    Returns the dataset's root (train/ and val/ inside); a later call with the same arguments reuses it.
+    """
+    from resnet_scaling.data import image_folders  # PIL is imported only when the files are written.
+
+    name = f"shapes-v{_FOLDER_VERSION}-{image_size}px-{num_train}-{num_eval}-seed{seed}"
+    root = os.path.join(os.path.expanduser(cache_dir), name)
+    if not os.path.isdir(root):
+        # Different seeds keep the held-out images apart from the training images.
+        splits = {"train": make_shapes(num_train, image_size, seed=seed),
+                  "val": make_shapes(num_eval, image_size, seed=seed + 1_000_003)}
+        image_folders.write_class_folders(root, splits, CLASS_NAMES)
+    return root

@@ -7,6 +7,8 @@ that every evaluation example counts exactly once on any number of processes and
 
 from __future__ import annotations
 
+import collections
+import itertools
 import math
 from collections.abc import Iterator
 from typing import Protocol
@@ -41,6 +43,21 @@ def process_share(num_examples: int, process_index: int, process_count: int) -> 
     start = num_examples * process_index // process_count
     stop = num_examples * (process_index + 1) // process_count
     return start, stop
+
+
+def prefetch(batches: Iterator[Batch], size: int) -> Iterator[Batch]:
+    """Keeps `size` batches in flight ahead of the consumer.
+
+    Making a global array starts its host-to-device copy without waiting for it, so pulling batches
+    early overlaps their transfer with the steps still running on the devices.
+    """
+    if size <= 0:
+        yield from batches
+        return
+    queue = collections.deque(itertools.islice(batches, size))
+    while queue:
+        yield queue.popleft()
+        queue.extend(itertools.islice(batches, 1))
 
 
 class SyntheticSource:

@@ -1,0 +1,270 @@
+"""The tf.data input pipeline: a process's record share -> decoded, augmented uint8 batches -> global arrays.
+
+Training: an endless stream over epochs (batches run across epoch boundaries), starting at the position
+step `start_step` would reach, each image augmented with a seed derived from its position in the stream,
+so a restarted run sees the same images, crops and flips as an uninterrupted one. Evaluation: the share in
+storage order, the last batch padded and masked, and every process running the same number of batches.
+Images that cannot be decoded are skipped, counted and named in warnings; they never stop the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+
+import jax
+import ml_collections
+import numpy as np
+import tensorflow as tf
+from absl import logging
+from jax.sharding import Mesh
+
+from resnet_scaling import mesh as mesh_lib
+from resnet_scaling.data import image_folders, preprocessing, records, shapes
+from resnet_scaling.data.image_folders import DataError
+from resnet_scaling.data.records import RecordShare
+from resnet_scaling.data.sources import Batch, prefetch, process_share
+
+# Past this, an epoch is far beyond any run; the training stream is endless in practice.
+_MAX_EPOCHS = 1 << 40
+
+
+@dataclasses.dataclass(frozen=True)
+class Shares:
+    """One process's record shares of the training and evaluation splits, and what they are part of."""
+
+    train: RecordShare
+    eval: RecordShare
+    num_train_examples: int  # Whole split, all processes.
+    num_eval_examples: int
+    num_classes: int | None  # None where the dataset does not say.
+    description: str  # For the start-up log line.
+
+
+def record_shares(config: ml_collections.ConfigDict, process_index: int, process_count: int) -> Shares:
+    """The shares process `process_index` of `process_count` reads, for the "tfds", "folders" and
+    "shapes" sources; raises `DataError` for a missing, unprepared or malformed dataset."""
+    data = config.data
+    if data.source == "tfds":
+        from resnet_scaling.data import tfds_data  # Imports tensorflow_datasets.
+
+        builder = tfds_data.open_builder(data.dataset, data.data_dir)
+        train, evaluation = (
+            tfds_data.record_share(
+                builder, split, image_key=data.image_key, label_key=data.label_key,
+                process_index=process_index, process_count=process_count, seed=config.seed,
+                shuffle=shuffle, shuffle_buffer_size=data.shuffle_buffer_size,
+                cycle_length=data.interleave_cycle_length)
+            for split, shuffle in ((data.train_split, data.shuffle), (data.eval_split, False)))
+        return Shares(train, evaluation, tfds_data.num_examples(builder, data.train_split),
+                      tfds_data.num_examples(builder, data.eval_split),
+                      tfds_data.num_classes(builder, data.label_key), f"TFDS {builder.info.full_name}")
+    root = data.folder
+    if data.source == "shapes":
+        root = shapes.shapes_folder(data.cache_dir, num_train=data.num_train_examples,
+                                    num_eval=data.num_eval_examples, image_size=data.image_size,
+                                    seed=config.seed)
+    elif data.source != "folders":
+        raise ValueError(f"config.data.source {data.source!r} is not read through tf.data.")
+    train_files = image_folders.list_class_folders(f"{root}/train")
+    eval_files = image_folders.list_class_folders(image_folders.find_eval_folder(root),
+                                                  train_files.class_names)
+    # Folders are listed class by class: permute once (the same on every process) before sharing, so
+    # that every process's share holds every class.
+    permutation = np.random.default_rng(config.seed).permutation(len(train_files.paths))
+    start, stop = process_share(len(permutation), process_index, process_count)
+    mine = permutation[start:stop]
+    train = records.FileList([train_files.paths[i] for i in mine], train_files.labels[mine],
+                             seed=config.seed, process_index=process_index, shuffle=data.shuffle)
+    start, stop = process_share(len(eval_files.paths), process_index, process_count)
+    evaluation = records.FileList(eval_files.paths[start:stop], eval_files.labels[start:stop],
+                                  seed=config.seed, process_index=process_index, shuffle=False)
+    ignored = train_files.num_ignored + eval_files.num_ignored
+    description = f"class folders in {root}" + (f" ({ignored} non-image files ignored)" if ignored else "")
+    return Shares(train, evaluation, len(train_files.paths), len(eval_files.paths),
+                  len(train_files.class_names), description)
+
+
+def preprocess_config(data: ml_collections.ConfigDict) -> preprocessing.PreprocessConfig:
+    """The preprocessing settings of `config.data`."""
+    return preprocessing.PreprocessConfig(
+        image_size=data.image_size, crop_area_range=tuple(data.crop_area_range),
+        crop_aspect_range=tuple(data.crop_aspect_range), crop_attempts=data.crop_attempts,
+        random_flip=data.random_flip, eval_resize_size=data.eval_resize_size,
+        resize_method=data.resize_method)
+
+
+def source_from_config(config: ml_collections.ConfigDict, mesh: Mesh) -> TFDataSource:
+    """This process's tf.data source for the "tfds", "folders" and "shapes" sources."""
+    index, count = jax.process_index(), jax.process_count()
+    shares = record_shares(config, index, count)
+    if shares.num_classes is not None and shares.num_classes != config.model.num_classes:
+        raise DataError(f"The dataset has {shares.num_classes} classes but config.model.num_classes is "
+                        f"{config.model.num_classes}; set --config.model.num_classes={shares.num_classes}.")
+    logging.info("Input: %s: %d training and %d evaluation images; process %d of %d reads %d and %d.",
+                 shares.description, shares.num_train_examples, shares.num_eval_examples, index, count,
+                 shares.train.num_examples, shares.eval.num_examples)
+    data = config.data
+    return TFDataSource(
+        shares, preprocess=preprocess_config(data), global_batch_size=config.training.global_batch_size,
+        eval_global_batch_size=config.eval.global_batch_size, mesh=mesh, seed=config.seed,
+        num_threads=data.num_threads, prefetch_batches=data.prefetch_batches,
+        device_prefetch=data.device_prefetch)
+
+
+class TFDataSource:
+    """A `DataSource` fed by tf.data from a process's share of a training and an evaluation split."""
+
+    def __init__(self, shares: Shares, *, preprocess: preprocessing.PreprocessConfig,
+                 global_batch_size: int, eval_global_batch_size: int, mesh: Mesh, seed: int = 0,
+                 num_threads: int = 0, prefetch_batches: int = 2, device_prefetch: int = 2,
+                 process_index: int | None = None, process_count: int | None = None):
+        """
+        Args:
+          shares: this process's shares of the training and evaluation splits.
+          preprocess: decoding and augmentation settings.
+          global_batch_size, eval_global_batch_size: images per step over all processes.
+          mesh: the device mesh batches are sharded over.
+          seed: seeds the augmentation (the shares' order has its own seed).
+          num_threads: tf.data threads for this pipeline; 0 leaves the choice to tf.data.
+          prefetch_batches: host batches decoded ahead.
+          device_prefetch: batches placed on the devices ahead of the step that takes them.
+          process_index, process_count: this process's place in the job (default: JAX's); tests pass
+            them to build one process's local batches of a larger job.
+        """
+        self.num_train_examples = shares.num_train_examples
+        self.num_eval_examples = shares.num_eval_examples
+        self._train, self._eval = shares.train, shares.eval
+        self._process_index = jax.process_index() if process_index is None else process_index
+        self._process_count = jax.process_count() if process_count is None else process_count
+        self._preprocess = preprocess
+        self._mesh = mesh
+        self._seed = seed
+        self._num_threads = num_threads
+        self._prefetch_batches = prefetch_batches
+        self._device_prefetch = device_prefetch
+        self._local_batch = mesh_lib.local_batch_size(global_batch_size, mesh)
+        self._local_eval_batch = mesh_lib.local_batch_size(eval_global_batch_size, mesh)
+        # Every process runs the same number of evaluation steps: enough for the largest share.
+        largest_eval_share = math.ceil(self.num_eval_examples / self._process_count)
+        self._num_eval_batches = math.ceil(largest_eval_share / self._local_eval_batch)
+        self.num_skipped_train = 0  # Undecodable training images skipped so far by this process.
+        if self._train.num_examples == 0:
+            raise DataError(f"Process {self._process_index} of {self._process_count} got no training "
+                            "examples: the training split is smaller than the number of processes.")
+        # Skipping bad images one by one would hide a dataset where none decodes (and spin forever):
+        # refuse that at start-up instead.
+        for name, share in (("training", self._train), ("evaluation", self._eval)):
+            _check_some_decode(name, share, preprocess)
+
+    def _options(self) -> tf.data.Options:
+        options = tf.data.Options()
+        options.deterministic = True  # Same seed, same batches, whatever the thread timing.
+        if self._num_threads > 0:
+            options.threading.private_threadpool_size = self._num_threads
+        return options
+
+    def train_dataset(self, start_step: int = 0) -> tf.data.Dataset:
+        """This process's training batches as tf.data: {images uint8, labels int32, index int64}."""
+        per_epoch = self._train.num_examples
+        position = start_step * self._local_batch
+        first_epoch, offset = divmod(position, per_epoch)
+        train, config = self._train, self._preprocess
+        augment_seed = tf.constant([self._seed, self._process_index], tf.int64)
+
+        def epoch_records(epoch):
+            skip = tf.where(epoch == first_epoch, tf.constant(offset, tf.int64), tf.constant(0, tf.int64))
+            return train.epoch(epoch).skip(skip)
+
+        def preprocess(index, record):
+            image_bytes, label = record
+            seed = tf.random.experimental.stateless_fold_in(augment_seed, index)
+            image = preprocessing.preprocess_for_train(image_bytes, seed, config)
+            return {"images": image, "labels": tf.cast(label, tf.int32), "index": index}
+
+        ds = tf.data.Dataset.range(first_epoch, _MAX_EPOCHS).flat_map(epoch_records)
+        ds = ds.enumerate(start=position)
+        ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        ds = ds.ignore_errors()  # Undecodable images; counted from the gaps in `index`.
+        ds = ds.batch(self._local_batch, drop_remainder=True)
+        return ds.prefetch(self._prefetch_batches).with_options(self._options())
+
+    def eval_dataset(self) -> tf.data.Dataset:
+        """This process's evaluation batches as tf.data, unpadded (the last one may be short)."""
+        config = self._preprocess
+
+        def preprocess(image_bytes, label):
+            image = preprocessing.preprocess_for_eval(image_bytes, config)
+            return {"images": image, "labels": tf.cast(label, tf.int32)}
+
+        ds = self._eval.in_order()
+        ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        ds = ds.ignore_errors()  # Undecodable images; local_eval_batches counts them.
+        ds = ds.batch(self._local_eval_batch)
+        return ds.prefetch(self._prefetch_batches).with_options(self._options())
+
+    def train_batches(self, start_step: int = 0) -> Iterator[Batch]:
+        return prefetch(self._global_train_batches(start_step), self._device_prefetch)
+
+    def _global_train_batches(self, start_step: int) -> Iterator[Batch]:
+        per_epoch = self._train.num_examples
+        expected = start_step * self._local_batch
+        for local in self.train_dataset(start_step).as_numpy_iterator():
+            index = local.pop("index")
+            missing = np.setdiff1d(np.arange(expected, index[-1] + 1), index)
+            if missing.size:
+                self.num_skipped_train += missing.size
+                names = ", ".join(self._train.describe(*divmod(int(p), per_epoch)) for p in missing[:5])
+                logging.warning("Skipped %d undecodable training image(s) (%d so far in this process): %s",
+                                missing.size, self.num_skipped_train, names)
+            expected = int(index[-1]) + 1
+            yield mesh_lib.host_local_to_global(local, self._mesh)
+
+    def eval_batches(self) -> Iterator[Batch]:
+        for local in self.local_eval_batches():
+            yield mesh_lib.host_local_to_global(local, self._mesh)
+
+    def local_eval_batches(self) -> Iterator[dict[str, np.ndarray]]:
+        """This process's padded evaluation batches (NumPy, with `mask`), as many as every process runs."""
+        b = self._local_eval_batch
+        size = self._preprocess.image_size
+        evaluated, num_batches = 0, 0
+        for local in self.eval_dataset().as_numpy_iterator():
+            evaluated += len(local["labels"])
+            num_batches += 1
+            yield _pad_batch(local, b)
+        for _ in range(self._num_eval_batches - num_batches):
+            empty = {"images": np.zeros((0, size, size, 3), np.uint8), "labels": np.zeros((0,), np.int32)}
+            yield _pad_batch(empty, b)
+        skipped = self._eval.num_examples - evaluated
+        if skipped:
+            logging.warning("Evaluation left out %d undecodable image(s) of this process's %d: it covers %d.",
+                            skipped, self._eval.num_examples, evaluated)
+
+
+def _check_some_decode(name: str, share: RecordShare, config: preprocessing.PreprocessConfig,
+                       count: int = 8) -> None:
+    """Raises DataError when none of the first `count` images of a share decodes."""
+    first = share.in_order().take(count)
+    decoded = first.map(lambda image_bytes, _: preprocessing.preprocess_for_eval(image_bytes, config))
+    if share.num_examples == 0 or any(True for _ in decoded.ignore_errors()):
+        return
+    try:  # Again, one image, to report why.
+        for image_bytes, _ in first.take(1):
+            preprocessing.preprocess_for_eval(image_bytes, config)
+        reason = "unknown"
+    except tf.errors.OpError as e:
+        reason = e.message.strip().splitlines()[0]
+    raise DataError(f"None of the first {min(count, share.num_examples)} {name} images could be decoded as "
+                    f"JPEG, PNG, GIF or BMP; the first error: {reason}")
+
+
+def _pad_batch(local: dict[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
+    """Pads a short batch to `batch_size` with zeros and adds `mask` (False on the padding)."""
+    valid = len(local["labels"])
+    pad = batch_size - valid
+    padded = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)]) if pad else v
+              for k, v in local.items()}
+    padded["mask"] = np.arange(batch_size) < valid
+    return padded

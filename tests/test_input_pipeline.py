@@ -1,0 +1,209 @@
+"""The tf.data pipeline on class folders and on imagenet2012 prepared by TFDS from ILSVRC-style tars:
+per-process shares, epochs, restarts, determinism, exact evaluation, bad files and missing datasets."""
+
+import itertools
+import logging
+import os
+
+import jax
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from resnet_scaling import data, mesh
+from resnet_scaling.data import pipeline, tfds_data
+from tests.helpers import tiny_config
+from tests.image_files import encode, identity, with_identity, write_folders, write_ilsvrc_tars
+
+# The first three ImageNet classes (TFDS numbers the synsets in labels.txt order).
+SYNSETS = ("n01440764", "n01443537", "n01484850")
+
+
+def _folder_config(root, **overrides):
+    settings = {"data__source": "folders", "data__folder": str(root), "model__num_classes": 3,
+                "training__global_batch_size": 8, "eval__global_batch_size": 8, **overrides}
+    config = tiny_config(**settings)
+    config.data.num_threads = 1  # Gentle on the 2-core CI machine.
+    return config
+
+
+@pytest.fixture
+def folders(tmp_path):
+    """24 training images (3 classes x 8) and 9 evaluation images, each a solid colour naming it."""
+    write_folders(tmp_path, train_per_class=8, eval_per_class=3)
+    return tmp_path
+
+
+def _source(config, **kwargs):
+    return data.create_data_source(config, mesh.create_mesh(8), **kwargs)
+
+
+def _ids(batch):
+    return [identity(image) for image in np.asarray(jax.device_get(batch["images"]))]
+
+
+def test_folder_batches_are_uint8_with_the_folder_labels_and_every_image_once_per_epoch(folders):
+    source = _source(_folder_config(folders))
+    assert (source.num_train_examples, source.num_eval_examples) == (24, 9)
+    stream = source.train_batches()
+    batches = [next(stream) for _ in range(6)]  # Two epochs of 24.
+    first = batches[0]
+    assert first["images"].dtype == np.uint8 and first["images"].shape == (8, 32, 32, 3)
+    assert first["images"].sharding.spec[0] == "data"
+    ids = list(itertools.chain.from_iterable(_ids(b) for b in batches))
+    labels = np.concatenate([np.asarray(b["labels"]) for b in batches])
+    # Training images are 0..23, class c holding 8c..8c+7.
+    np.testing.assert_array_equal(labels, np.asarray(ids) // 8)
+    assert sorted(ids[:24]) == list(range(24)) and sorted(ids[24:]) == list(range(24))
+    assert ids[:24] != ids[24:]  # Each epoch its own order.
+
+
+def test_a_restarted_stream_continues_exactly_where_the_uninterrupted_one_is(folders):
+    config = _folder_config(folders, training__global_batch_size=16)  # 1.5 batches per epoch.
+    stream = _source(config).train_batches()
+    uninterrupted = [np.asarray(next(stream)["images"]) for _ in range(5)]
+    restarted = _source(config).train_batches(start_step=3)  # Mid-epoch, after a boundary.
+    for expected in uninterrupted[3:]:
+        np.testing.assert_array_equal(np.asarray(next(restarted)["images"]), expected)
+
+
+def test_same_seed_same_batches_other_seed_other_batches(folders):
+    def first_batches(seed):
+        stream = _source(_folder_config(folders, seed=seed)).train_batches()
+        return [np.asarray(next(stream)["images"]) for _ in range(3)]
+
+    a, b, c = first_batches(0), first_batches(0), first_batches(1)
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert not all(np.array_equal(x, z) for x, z in zip(a, c, strict=True))
+
+
+@pytest.mark.parametrize("process_count", [1, 2, 3])
+def test_process_shares_are_disjoint_cover_the_split_and_evaluate_every_image_once(folders, process_count):
+    config = _folder_config(folders)
+    shares = [pipeline.record_shares(config, p, process_count) for p in range(process_count)]
+
+    def share_ids(share):
+        return [identity(tf.io.decode_jpeg(image_bytes).numpy()) for image_bytes, _ in share.in_order()]
+
+    for split, expected in (("train", range(24)), ("eval", range(24, 33))):
+        ids = [share_ids(getattr(s, split)) for s in shares]
+        assert sorted(itertools.chain.from_iterable(ids)) == list(expected)  # Disjoint and covering.
+        assert max(map(len, ids)) - min(map(len, ids)) <= 1
+    # Exact evaluation: every process runs the same number of batches; the masks count each image once.
+    mask_sums, batch_counts = [], []
+    for p, share in enumerate(shares):
+        source = pipeline.TFDataSource(
+            share, preprocess=pipeline.preprocess_config(config.data), global_batch_size=8,
+            eval_global_batch_size=8, mesh=mesh.create_mesh(8), process_index=p,
+            process_count=process_count)
+        batches = list(source.local_eval_batches())
+        batch_counts.append(len(batches))
+        mask_sums.append(sum(int(b["mask"].sum()) for b in batches))
+        assert all(b["images"].shape == (8, 32, 32, 3) and b["images"].dtype == np.uint8 for b in batches)
+    assert len(set(batch_counts)) == 1 and sum(mask_sums) == 9
+
+
+def test_undecodable_files_are_skipped_and_counted_and_awkward_ones_decode(folders, caplog):
+    train_dir, val_dir = folders / "train" / "class_0", folders / "val" / "class_1"
+    (train_dir / "truncated.JPEG").write_bytes(encode(with_identity(1))[:300])
+    (train_dir / "garbage.jpg").write_bytes(os.urandom(2000))
+    (train_dir / "cmyk.JPEG").write_bytes(encode(with_identity(33), mode="CMYK"))
+    (train_dir / "grey.JPEG").write_bytes(encode(with_identity(34), mode="L"))
+    (train_dir / "png.JPEG").write_bytes(encode(with_identity(35), fmt="PNG"))
+    (train_dir / "notes.txt").write_text("not an image")
+    (val_dir / "truncated.JPEG").write_bytes(encode(with_identity(1))[:300])
+    source = _source(_folder_config(folders))
+    assert source.num_train_examples == 29  # 24 + 5 image files; notes.txt is not one.
+    stream = source.train_batches()
+    with caplog.at_level(logging.WARNING):
+        batches = [next(stream) for _ in range(27 // 8 * 2)]  # 27 decodable images per epoch.
+    assert source.num_skipped_train >= 2
+    assert "truncated.JPEG" in caplog.text and "garbage.jpg" in caplog.text
+    ids = list(itertools.chain.from_iterable(_ids(b) for b in batches))
+    assert {33, 35} <= set(ids)  # The CMYK and PNG images, with their colours.
+    eval_counts = sum(int(np.asarray(b["mask"]).sum()) for b in source.eval_batches())
+    assert eval_counts == 9  # 10 files, one undecodable: every decodable image once.
+    assert "Evaluation left out 1 undecodable" in caplog.text
+
+
+def test_a_dataset_where_nothing_decodes_is_refused_at_start_up(tmp_path):
+    for split in ("train", "val"):
+        (tmp_path / split / "a").mkdir(parents=True)
+        for i in range(3):
+            (tmp_path / split / "a" / f"{i}.jpg").write_bytes(os.urandom(500))
+    with pytest.raises(data.DataError, match="None of the first 3 training images could be decoded"):
+        _source(_folder_config(tmp_path, model__num_classes=1))
+
+
+def test_missing_or_malformed_folders_and_class_mismatch_say_what_to_fix(tmp_path, folders):
+    with pytest.raises(data.DataError, match="No folder .*train"):
+        _source(_folder_config(tmp_path / "nowhere"))
+    with pytest.raises(data.DataError, match="num_classes=3"):
+        _source(_folder_config(folders, model__num_classes=10))
+    (folders / "val" / "class_9").mkdir()
+    (folders / "val" / "class_9" / "x.jpg").write_bytes(encode(with_identity(0)))
+    with pytest.raises(data.DataError, match="classes the training split lacks"):
+        _source(_folder_config(folders))
+
+
+# --- imagenet2012, prepared by TFDS's own builder from ILSVRC2012-style tars ---------------------------
+
+@pytest.fixture(scope="module")
+def imagenet_dir(tmp_path_factory):
+    """imagenet2012 prepared offline: 3 classes x 5 training images, 10 validation images."""
+    root = tmp_path_factory.mktemp("imagenet")
+    write_ilsvrc_tars(root / "manual", SYNSETS, train_per_class=5, num_val=10)
+    builder = tfds.builder("imagenet2012", data_dir=str(root / "tfds"))
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(root / "manual")))
+    return str(root / "tfds")
+
+
+def _imagenet_config(data_dir, **overrides):
+    settings = {"data__source": "tfds", "data__dataset": "imagenet2012", "data__data_dir": data_dir,
+                "model__num_classes": 1000, "training__global_batch_size": 8, "eval__global_batch_size": 8,
+                **overrides}
+    config = tiny_config(**settings)
+    config.data.num_threads = 1
+    return config
+
+
+def test_imagenet2012_from_tars_trains_and_evaluates_every_validation_image_once(imagenet_dir):
+    source = _source(_imagenet_config(imagenet_dir))
+    assert (source.num_train_examples, source.num_eval_examples) == (15, 10)
+    stream = source.train_batches()
+    labels = np.concatenate([np.asarray(next(stream)["labels"]) for _ in range(4)])
+    assert set(labels) == {0, 1, 2}  # The three synsets' indices in TFDS's labels.txt.
+    evals = list(source.eval_batches())
+    assert len(evals) == 2 and sum(int(np.asarray(b["mask"]).sum()) for b in evals) == 10
+    names = tfds.builder("imagenet2012", data_dir=imagenet_dir).info.features["label"].names
+    with open(os.path.join(os.path.dirname(tfds.__file__), "datasets/imagenet2012/validation_labels.txt")) as f:
+        expected = sorted(names.index(line.strip()) for line in itertools.islice(f, 10))
+    got = np.concatenate([np.asarray(b["labels"])[np.asarray(b["mask"])] for b in evals])
+    assert sorted(got) == expected
+
+
+@pytest.mark.parametrize("process_count", [1, 2, 3])
+def test_imagenet2012_shares_are_disjoint_and_cover_each_split(imagenet_dir, process_count):
+    config = _imagenet_config(imagenet_dir)
+    shares = [pipeline.record_shares(config, p, process_count) for p in range(process_count)]
+    for split, total in (("train", 15), ("eval", 10)):
+        records = [[bytes(b.numpy()) for b, _ in getattr(s, split).in_order()] for s in shares]
+        flat = list(itertools.chain.from_iterable(records))
+        assert len(flat) == len(set(flat)) == total
+        assert max(map(len, records)) - min(map(len, records)) <= 1
+    # An epoch of the shuffled training share is a permutation of the share; epochs differ.
+    train = shares[0].train
+    epochs = [[bytes(b.numpy()) for b, _ in train.epoch(tf.constant(e, tf.int64))] for e in (0, 1)]
+    in_order = [bytes(b.numpy()) for b, _ in train.in_order()]
+    assert sorted(epochs[0]) == sorted(epochs[1]) == sorted(in_order)
+    if process_count == 1:
+        assert epochs[0] != epochs[1]
+
+
+def test_an_unprepared_or_unknown_tfds_dataset_says_what_to_run(tmp_path):
+    with pytest.raises(data.DataError, match=r"(?s)not prepared.*tfds build imagenet2012 .*--manual_dir"):
+        _source(_imagenet_config(str(tmp_path)))
+    with pytest.raises(data.DataError, match="no dataset 'no_such_dataset'"):
+        tfds_data.open_builder("no_such_dataset", str(tmp_path))
