@@ -20,7 +20,7 @@ def get_config():
     config.data.num_train_examples = 12_000
     config.data.num_eval_examples = 2_000
     # The shapes fill the small images: milder crops than ImageNet's (0.08, 1), no evaluation border.
-    config.data.crop_area_range = (0.25, 1.0)
+    config.data.crop_area_range = (0.35, 1.0)
     config.data.eval_resize_size = 32
     config.data.mean_rgb = (0.5, 0.5, 0.5)
     config.data.stddev_rgb = (0.25, 0.25, 0.25)

@@ -8,8 +8,8 @@ methodology's 90 measured epochs plus 1 warm-up epoch, 3,558 steps. Batch norm o
 
 Compile it for the pod on any machine with libtpu: `python -m resnet_scaling.compile --config=configs/pod.py`.
 
-Input is synthetic (ImageNet-sized images, ImageNet's epoch length) until the TFDS ImageNet pipeline
-is selected with `data.source`.
+Input: imagenet2012 prepared by TFDS (see the README's "ImageNet" section); `--config.data.data_dir`
+names the TFDS data directory. `--config.data.source=synthetic` measures the model alone.
 """
 
 from resnet_scaling.config import get_base_config

@@ -310,6 +310,8 @@ def _validate_input_pipeline(data: ml_collections.ConfigDict) -> None:
     if data.source == "folders":
         _require(bool(data.folder), "data.folder",
                  "give the dataset's root (with train/<class>/ and val/<class>/ inside).")
+    for field in ("crop_area_range", "crop_aspect_range"):
+        _require(len(data[field]) == 2, f"data.{field}", f"needs (low, high), got {data[field]!r}.")
     low, high = data.crop_area_range
     _require(0.0 < low <= high <= 1.0, "data.crop_area_range",
              f"needs 0 < low <= high <= 1 (the reference uses (0.08, 1.0)), got {(low, high)}.")

@@ -196,6 +196,7 @@ def test_validate_refuses_indivisible_eval_batch():
         ("schedule", "name", "linear", config_lib.SCHEDULES),
         ("data", "source", "imagenet2012", config_lib.DATA_SOURCES),
         ("optimizer", "lr_scaling", "sqrt", config_lib.LR_SCALINGS),
+        ("data", "resize_method", "nearest", config_lib.RESIZE_METHODS),
     ],
 )
 def test_validate_refuses_unknown_choice(section, name, value, choices):
@@ -275,6 +276,15 @@ def test_validate_refuses_image_size_below_32(size):
         ("data", "stddev_rgb", (0.2, 0.0, 0.2), "data.stddev_rgb"),
         ("data", "mean_rgb", (0.5, 0.5), "data.mean_rgb"),
         ("mesh", "num_devices", 0, "mesh.num_devices"),
+        ("data", "crop_area_range", (0.0, 1.0), "data.crop_area_range"),
+        ("data", "crop_area_range", (0.5, 0.2), "data.crop_area_range"),
+        ("data", "crop_area_range", (0.08, 1.5), "data.crop_area_range"),
+        ("data", "crop_area_range", (0.08,), "data.crop_area_range"),
+        ("data", "crop_aspect_range", (0.0, 1.0), "data.crop_aspect_range"),
+        ("data", "eval_resize_size", 200, "data.eval_resize_size"),
+        ("data", "shuffle_buffer_size", 0, "data.shuffle_buffer_size"),
+        ("data", "num_threads", -1, "data.num_threads"),
+        ("data", "dataset", "", "data.dataset"),
     ],
 )
 def test_validate_refuses_other_out_of_range_values(section, name, value, field):
@@ -282,6 +292,15 @@ def test_validate_refuses_other_out_of_range_values(section, name, value, field)
     config[section][name] = value
     with pytest.raises(ConfigError, match=field):
         validate(config)
+
+
+def test_validate_asks_for_the_folder_of_a_class_folder_dataset():
+    config = get_base_config()
+    config.data.source = "folders"
+    with pytest.raises(ConfigError, match="data.folder: give the dataset's root"):
+        validate(config)
+    config.data.folder = "/data/my_images"
+    validate(config)
 
 
 def test_validate_refuses_zero_length_training():

@@ -156,7 +156,8 @@ def imagenet_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("imagenet")
     write_ilsvrc_tars(root / "manual", SYNSETS, train_per_class=5, num_val=10)
     builder = tfds.builder("imagenet2012", data_dir=str(root / "tfds"))
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(root / "manual")))
+    config = tfds.download.DownloadConfig(manual_dir=str(root / "manual"))
+    builder.download_and_prepare(download_config=config)  # TFDS's own builder, offline.
     return str(root / "tfds")
 
 
@@ -178,7 +179,8 @@ def test_imagenet2012_from_tars_trains_and_evaluates_every_validation_image_once
     evals = list(source.eval_batches())
     assert len(evals) == 2 and sum(int(np.asarray(b["mask"]).sum()) for b in evals) == 10
     names = tfds.builder("imagenet2012", data_dir=imagenet_dir).info.features["label"].names
-    with open(os.path.join(os.path.dirname(tfds.__file__), "datasets/imagenet2012/validation_labels.txt")) as f:
+    labels_file = os.path.join(os.path.dirname(tfds.__file__), "datasets/imagenet2012/validation_labels.txt")
+    with open(labels_file) as f:
         expected = sorted(names.index(line.strip()) for line in itertools.islice(f, 10))
     got = np.concatenate([np.asarray(b["labels"])[np.asarray(b["mask"])] for b in evals])
     assert sorted(got) == expected

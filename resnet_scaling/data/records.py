@@ -6,8 +6,8 @@ Two kinds of storage, one interface (`RecordShare`):
   in an exact permutation seeded by (seed, epoch, process), and a restart skips to any position for free.
 - `TFRecordShards`: TFDS's TFRecord shards. No random access within a shard, so an epoch shuffles the
   order of the shard pieces, interleaves several of them and permutes the records within windows the
-  size of a shuffle buffer (all seeded). A restart in the middle of an epoch skips the records before its position without decoding
-  or training on them (it reads them, as TFRecord files cannot seek to a record).
+  size of a shuffle buffer (all seeded). A restart in the middle of an epoch skips the records before
+  its position without decoding or training on them (it reads them: TFRecord files cannot seek).
 
 Epochs are functions of a tensor so that the pipeline can flat-map an endless range of them.
 """
