@@ -9,6 +9,7 @@
 #   launch/tpu_vm.sh delete
 #
 # Optional: BUCKET (gs://... where `logs` also uploads), EXTRA_ARGS (more train.py flags, e.g.
+# "--config.data.data_dir=gs://my-bucket/tensorflow_datasets", where imagenet2012 is prepared, or
 # "--config.training.num_train_steps=200"), SPOT=1 (a preemptible/spot slice).
 set -euo pipefail
 

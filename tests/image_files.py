@@ -19,9 +19,11 @@ def encode(image: np.ndarray, fmt: str = "JPEG", mode: str = "RGB", quality: int
 
 
 def solid(value: int, height: int = 40, width: int = 48) -> np.ndarray:
-    """A uniform image whose red level carries an identity (JPEG keeps flat colours within ~1 level)."""
+    """Red level `value` everywhere; green and blue ramps, so that crops and flips change the image."""
     image = np.empty((height, width, 3), np.uint8)
-    image[..., 0], image[..., 1], image[..., 2] = value, 128, 255 - value
+    image[..., 0] = value
+    image[..., 1] = np.linspace(0, 255, width)[None, :]
+    image[..., 2] = np.linspace(255, 0, height)[:, None]
     return image
 
 

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from resnet_scaling import data, mesh
+from resnet_scaling import checkpointing, data, mesh, trainer
 from resnet_scaling.data import pipeline, tfds_data
 from tests.helpers import tiny_config
 from tests.image_files import encode, identity, with_identity, write_folders, write_ilsvrc_tars
@@ -66,6 +66,23 @@ def test_a_restarted_stream_continues_exactly_where_the_uninterrupted_one_is(fol
     restarted = _source(config).train_batches(start_step=3)  # Mid-epoch, after a boundary.
     for expected in uninterrupted[3:]:
         np.testing.assert_array_equal(np.asarray(next(restarted)["images"]), expected)
+
+
+def test_a_preempted_run_on_image_files_resumes_to_the_same_parameters_bit_for_bit(folders, tmp_path,
+                                                                                   monkeypatch):
+    config = _folder_config(folders, schedule__name="constant", schedule__warmup_steps=0,
+                            training__num_train_steps=7, checkpoint__enabled=True, checkpoint__every_steps=2,
+                            checkpoint__async_save=False)  # 7 steps of 8 images: past two epochs of 24.
+    reference = trainer.train_and_evaluate(config, str(tmp_path / "reference"))
+    monkeypatch.setattr(checkpointing.PreemptionWatcher, "reached", lambda self, step: step == 4)
+    first = trainer.train_and_evaluate(config, str(tmp_path / "run"))
+    assert first.preempted and int(first.state.step) == 4
+    monkeypatch.undo()
+    resumed = trainer.train_and_evaluate(config, str(tmp_path / "run"))
+    assert resumed.start_step == 4 and int(resumed.state.step) == 7
+    for x, y in zip(jax.tree.leaves(jax.device_get(resumed.state.params)),
+                    jax.tree.leaves(jax.device_get(reference.state.params)), strict=True):
+        np.testing.assert_array_equal(x, y)
 
 
 def test_same_seed_same_batches_other_seed_other_batches(folders):

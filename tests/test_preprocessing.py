@@ -8,7 +8,7 @@ import tensorflow as tf
 from PIL import Image
 
 from resnet_scaling.data import preprocessing
-from tests.image_files import encode, solid
+from tests.image_files import encode
 
 CONFIG = preprocessing.PreprocessConfig()
 
@@ -68,7 +68,7 @@ def test_training_output_is_uint8_at_the_training_size_and_a_function_of_the_see
 @pytest.mark.parametrize("fmt,mode", [("JPEG", "RGB"), ("JPEG", "CMYK"), ("JPEG", "L"), ("PNG", "RGB")])
 def test_cmyk_greyscale_and_png_files_decode_to_rgb(fmt, mode):
     # `encode` writes the bytes; the name a file carries (.JPEG) plays no part in decoding.
-    colour = solid(160, 60, 80)
+    colour = np.full((60, 80, 3), (160, 60, 200), np.uint8)
     image_bytes = tf.constant(encode(colour, fmt=fmt, mode=mode))
     for out in (preprocessing.preprocess_for_eval(image_bytes, CONFIG),
                 preprocessing.preprocess_for_train(image_bytes, tf.constant([0, 1], tf.int64), CONFIG)):

@@ -93,7 +93,7 @@ def test_command_line_trains_with_overrides_and_reports_progress(tmp_path):
                     "--config.data.num_eval_examples=64", "--config.training.num_train_steps=4",
                     "--config.training.global_batch_size=32", "--config.training.log_every_steps=2",
                     "--config.eval.global_batch_size=32", "--config.training.tensorboard=false",
-                    tmp_path=tmp_path)
+                    f"--config.data.cache_dir={tmp_path / 'cache'}", tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = proc.stderr
     for expected in ("Mesh: 1 devices", "32 global, 32 per device", "Compiled the train step",
