@@ -10,7 +10,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import distributed, trainer, xla_flags
+from resnet_scaling import data, distributed, trainer, xla_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
                                           lock_config=True)
@@ -47,7 +47,10 @@ def main(argv: list[str]) -> None:
     except config_lib.ConfigError as e:
         raise app.UsageError(str(e)) from None
     logging.info("Config:\n%s", config)
-    trainer.train_and_evaluate(config, _WORKDIR.value)
+    try:
+        trainer.train_and_evaluate(config, _WORKDIR.value)
+    except data.DataError as e:  # missing, unprepared or malformed dataset: say what to do, no traceback
+        raise SystemExit(f"error: {e}") from None
 
 
 if __name__ == "__main__":

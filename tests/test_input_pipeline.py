@@ -226,3 +226,17 @@ def test_an_unprepared_or_unknown_tfds_dataset_says_what_to_run(tmp_path):
         _source(_imagenet_config(str(tmp_path)))
     with pytest.raises(data.DataError, match="no dataset 'no_such_dataset'"):
         tfds_data.open_builder("no_such_dataset", str(tmp_path))
+
+
+def test_any_tfds_image_dataset_by_name_png_and_greyscale_included(tmp_path):
+    # TFDS's offline test builder: 20 + 20 MNIST-shaped images stored as greyscale PNGs.
+    tfds.testing.DummyMnist(data_dir=str(tmp_path)).download_and_prepare()
+    config = _imagenet_config(str(tmp_path), data__dataset="dummy_mnist", data__eval_split="test",
+                              model__num_classes=10)
+    source = _source(config)
+    assert (source.num_train_examples, source.num_eval_examples) == (20, 20)
+    batch = next(source.train_batches())
+    images = np.asarray(batch["images"])
+    assert images.shape == (8, 32, 32, 3) and images.dtype == np.uint8
+    np.testing.assert_array_equal(images[..., 0], images[..., 2])  # Grey, as RGB.
+    assert sum(int(np.asarray(b["mask"]).sum()) for b in source.eval_batches()) == 20

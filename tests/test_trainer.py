@@ -103,6 +103,14 @@ def test_command_line_trains_with_overrides_and_reports_progress(tmp_path):
     assert steps[:2] == [2, 4]
 
 
+def test_command_line_without_a_prepared_imagenet_says_how_to_prepare_it(tmp_path):
+    proc = _run_cli("--config=configs/default.py", f"--workdir={tmp_path / 'run'}",
+                    f"--config.data.data_dir={tmp_path / 'tfds'}", tmp_path=tmp_path)
+    assert proc.returncode != 0
+    assert "tfds build imagenet2012" in proc.stderr and "--manual_dir" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_command_line_refuses_a_bad_value_naming_the_field(tmp_path):
     proc = _run_cli("--config=configs/demo.py", f"--workdir={tmp_path}", "--config.optimizer.name=adam",
                     tmp_path=tmp_path)

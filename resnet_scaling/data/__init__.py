@@ -10,6 +10,7 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
+from resnet_scaling import host_tensorflow
 from resnet_scaling.data.image_folders import DataError
 from resnet_scaling.data.shapes import make_shapes, shapes_folder
 from resnet_scaling.data.sources import ArraySource, DataSource, SyntheticSource, prefetch, process_share
@@ -56,18 +57,8 @@ def create_data_source(
             shuffle=data.shuffle, num_classes=config.model.num_classes, image_size=data.image_size,
         )
     if source in ("tfds", "folders", "shapes"):
-        _hide_accelerators_from_tensorflow()
+        host_tensorflow.import_tensorflow_for_host()
         from resnet_scaling.data import pipeline  # Imports TensorFlow.
 
         return pipeline.source_from_config(config, mesh)
     raise ValueError(f"config.data.source: unknown source {source!r}.")
-
-
-def _hide_accelerators_from_tensorflow() -> None:
-    """TensorFlow only decodes images on the host: keep it off the GPUs so JAX keeps their memory."""
-    import tensorflow as tf
-
-    try:
-        tf.config.set_visible_devices([], "GPU")
-    except RuntimeError:  # TensorFlow already initialised its devices (e.g. by the caller): leave it.
-        pass

@@ -51,7 +51,10 @@ class FileList:
     def __init__(self, paths: Sequence[str], labels: Sequence[int], *, seed: int, process_index: int,
                  shuffle: bool = True):
         self._paths = np.asarray(paths, dtype=object).astype(str)
-        self._labels = np.asarray(labels, np.int32)
+        # Made once, outside any tf.function: the epoch functions capture them instead of embedding
+        # a copy of every path in each traced graph.
+        self._path_tensor = tf.constant(self._paths, tf.string)
+        self._label_tensor = tf.constant(np.asarray(labels, np.int32))
         self._seed = seed
         self._process_index = process_index
         self._shuffle = shuffle
@@ -66,12 +69,12 @@ class FileList:
 
     def epoch(self, epoch: tf.Tensor) -> tf.data.Dataset:
         order = self._order(epoch)
-        paths = tf.gather(tf.constant(self._paths), order)
-        labels = tf.gather(tf.constant(self._labels), order)
+        paths = tf.gather(self._path_tensor, order)
+        labels = tf.gather(self._label_tensor, order)
         return tf.data.Dataset.from_tensor_slices((paths, labels)).map(_read_file)
 
     def in_order(self) -> tf.data.Dataset:
-        return tf.data.Dataset.from_tensor_slices((self._paths, self._labels)).map(_read_file)
+        return tf.data.Dataset.from_tensor_slices((self._path_tensor, self._label_tensor)).map(_read_file)
 
     def describe(self, epoch: int, offset: int) -> str:
         return str(self._paths[int(self._order(tf.constant(epoch, tf.int64))[offset])])

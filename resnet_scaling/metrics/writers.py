@@ -34,6 +34,9 @@ class TensorBoardWriter:
     """Scalars as TensorBoard event files through clu (imported lazily: it pulls in TensorFlow)."""
 
     def __init__(self, logdir: str) -> None:
+        from resnet_scaling import host_tensorflow
+
+        host_tensorflow.import_tensorflow_for_host()
         from clu import metric_writers
 
         self._writer = metric_writers.SummaryWriter(logdir)
