@@ -123,3 +123,28 @@ def test_arrays_of_another_image_size_than_the_config_are_refused(tmp_path):
     with pytest.raises(ValueError, match="image_size"):
         trainer.train_and_evaluate(tiny_config(), str(tmp_path), arrays=arrays)
     assert np.asarray(arrays[0]).shape[1] == 40
+
+
+def test_the_synthetic_path_trains_without_tensorflow(tmp_path):
+    # As on the GPU machine, which has no TensorFlow: model, step, metrics and checkpoints must not need it.
+    script = (
+        "import sys\n"
+        "for name in ('tensorflow', 'tensorflow_datasets', 'clu'):\n"
+        "    sys.modules[name] = None  # Importing it now fails as if it were not installed.\n"
+        "import jax\n"
+        "jax.config.update('jax_disable_most_optimizations', True)  # Compile fast, as conftest.py does.\n"
+        "from resnet_scaling import trainer\n"
+        "from tests.helpers import tiny_config\n"
+        "config = tiny_config(data__source='synthetic', data__num_train_examples=64,\n"
+        "                     data__num_eval_examples=16, training__num_train_steps=2,\n"
+        "                     training__tensorboard=True, checkpoint__enabled=True)\n"
+        f"result = trainer.train_and_evaluate(config, {str(tmp_path)!r})\n"
+        "assert int(result.state.step) == 2\n"
+        "assert sys.modules['tensorflow'] is None\n"
+        "print('trained without tensorflow')\n"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "trained without tensorflow" in proc.stdout, proc.stderr[-3000:]
+    assert "TensorBoard summaries off" in proc.stderr  # Asked for, and declined with a warning.

@@ -11,9 +11,15 @@ import numpy as np
 from jax.sharding import Mesh
 
 from resnet_scaling import host_tensorflow
-from resnet_scaling.data.image_folders import DataError
 from resnet_scaling.data.shapes import make_shapes, shapes_folder
-from resnet_scaling.data.sources import ArraySource, DataSource, SyntheticSource, prefetch, process_share
+from resnet_scaling.data.sources import (
+    ArraySource,
+    DataError,
+    DataSource,
+    SyntheticSource,
+    prefetch,
+    process_share,
+)
 
 __all__ = ["ArraySource", "DataError", "DataSource", "SyntheticSource", "create_data_source", "make_shapes",
            "prefetch", "process_share", "shapes_folder"]

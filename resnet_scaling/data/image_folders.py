@@ -18,12 +18,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from resnet_scaling.data.sources import DataError
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 EVAL_FOLDER_NAMES = ("val", "validation")
-
-
-class DataError(ValueError):
-    """A dataset is missing, unprepared or malformed; the message says what to do."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,9 +22,8 @@ from jax.sharding import Mesh
 
 from resnet_scaling import mesh as mesh_lib
 from resnet_scaling.data import image_folders, preprocessing, records, shapes
-from resnet_scaling.data.image_folders import DataError
 from resnet_scaling.data.records import RecordShare
-from resnet_scaling.data.sources import Batch, prefetch, process_share
+from resnet_scaling.data.sources import Batch, DataError, prefetch, process_share
 
 # Past this, an epoch is far beyond any run; the training stream is endless in practice.
 _MAX_EPOCHS = 1 << 40

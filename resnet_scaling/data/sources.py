@@ -23,6 +23,10 @@ from resnet_scaling import mesh as mesh_lib
 Batch = dict[str, jax.Array]
 
 
+class DataError(ValueError):
+    """A dataset is missing, unprepared or malformed; the message says what to do."""
+
+
 class DataSource(Protocol):
     """What the trainer needs from a dataset."""
 
