@@ -76,4 +76,5 @@ def num_classes(builder: tfds.core.DatasetBuilder, label_key: str) -> int | None
 
 
 def num_examples(builder: tfds.core.DatasetBuilder, split: str) -> int:
+    """Examples in `split` (sub-split strings count too)."""
     return builder.info.splits[split].num_examples
