@@ -23,7 +23,7 @@ from jax.sharding import Mesh
 from resnet_scaling import mesh as mesh_lib
 from resnet_scaling.data import image_folders, preprocessing, records, shapes
 from resnet_scaling.data.records import RecordShare
-from resnet_scaling.data.sources import Batch, DataError, prefetch, process_share
+from resnet_scaling.data.sources import Batch, DataError, pad_batch, prefetch, process_share
 
 # Past this, an epoch is far beyond any run; the training stream is endless in practice.
 _MAX_EPOCHS = 1 << 40
@@ -232,10 +232,10 @@ class TFDataSource:
         for local in self.eval_dataset().as_numpy_iterator():
             evaluated += len(local["labels"])
             num_batches += 1
-            yield _pad_batch(local, b)
+            yield pad_batch(local, b)
         for _ in range(self._num_eval_batches - num_batches):
             empty = {"images": np.zeros((0, size, size, 3), np.uint8), "labels": np.zeros((0,), np.int32)}
-            yield _pad_batch(empty, b)
+            yield pad_batch(empty, b)
         skipped = self._eval.num_examples - evaluated
         if skipped:
             logging.warning("Evaluation left out %d undecodable image(s) of this process's %d: it covers %d.",
@@ -257,13 +257,3 @@ def _check_some_decode(name: str, share: RecordShare, config: preprocessing.Prep
         reason = e.message.strip().splitlines()[0]
     raise DataError(f"None of the first {min(count, share.num_examples)} {name} images could be decoded as "
                     f"JPEG, PNG, GIF or BMP; the first error: {reason}")
-
-
-def _pad_batch(local: dict[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
-    """Pads a short batch to `batch_size` with zeros and adds `mask` (False on the padding)."""
-    valid = len(local["labels"])
-    pad = batch_size - valid
-    padded = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)]) if pad else v
-              for k, v in local.items()}
-    padded["mask"] = np.arange(batch_size) < valid
-    return padded

@@ -49,6 +49,16 @@ def process_share(num_examples: int, process_index: int, process_count: int) -> 
     return start, stop
 
 
+def pad_batch(local: dict[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
+    """Pads a short host batch to `batch_size` with zeros and adds `mask` (False on the padding)."""
+    valid = len(local["labels"])
+    pad = batch_size - valid
+    padded = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)]) if pad else v
+              for k, v in local.items()}
+    padded["mask"] = np.arange(batch_size) < valid
+    return padded
+
+
 def prefetch(batches: Iterator[Batch], size: int) -> Iterator[Batch]:
     """Keeps `size` batches in flight ahead of the consumer.
 
@@ -173,17 +183,9 @@ class ArraySource:
     def eval_batches(self) -> Iterator[Batch]:
         b = self._local_eval_batch
         for i in range(self._num_eval_batches):
-            images = self._eval_images[i * b: (i + 1) * b]
-            labels = self._eval_labels[i * b: (i + 1) * b]
-            valid = len(labels)
-            pad = b - valid
-            local = {
-                "images": np.concatenate([images, np.zeros((pad, *images.shape[1:]), images.dtype)])
-                if pad else images,
-                "labels": np.concatenate([labels, np.zeros((pad,), labels.dtype)]) if pad else labels,
-                "mask": np.arange(b) < valid,
-            }
-            yield mesh_lib.host_local_to_global(local, self._mesh)
+            local = {"images": self._eval_images[i * b: (i + 1) * b],
+                     "labels": self._eval_labels[i * b: (i + 1) * b]}
+            yield mesh_lib.host_local_to_global(pad_batch(local, b), self._mesh)
 
 
 def _check_arrays(name: str, images: np.ndarray, labels: np.ndarray, num_classes: int | None,
