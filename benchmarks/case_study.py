@@ -4,7 +4,7 @@
   python benchmarks/case_study.py --prices my_prices.json   # another price table (same shape as PRICES)
 
 Rows come from `summary.json` files (labelled "measured": steady-state images/sec, 90 epochs at that
-rate) and from the case study's published figures (labelled "published"; `../shared/CASE_STUDY.md`).
+rate) and from the case study's published figures (labelled "published"; `docs/case_study.md`).
 Per system: images/sec, time for 90 epochs, speedup over one V100, scaling efficiency (images/sec per
 chip against the smallest system of the same accelerator in the table) and the cost of one run from an
 editable price table. Charts: speedup against chips with the linear-scaling line and the scaling
@@ -32,15 +32,16 @@ MEASURED_EPOCHS = 90  # The case study's clock covers 90 epochs after a 1-epoch 
 RESNET50_PARAMS = 25_557_032
 
 # Price per hour, USD: accelerators per chip, VMs per machine. The 2018 list prices the case study used;
-# none is confirmed by a price page (CASE_STUDY.md: "assumed"), so every one says so. Override with --prices.
+# none is confirmed by a price page (docs/case_study.md: "assumed"), so every one says so. Override them
+# with --prices.
 PRICES: Mapping[str, Mapping[str, tuple[float, str]]] = types.MappingProxyType({
     "accelerators": types.MappingProxyType({
-        "V100": (2.48, "assumed: 2018 GCP list, per GPU (CASE_STUDY.md)"),
-        "TPU v2": (1.50, "assumed: full v2 Pod $384/h (CASE_STUDY.md) / 256 chips"),
+        "V100": (2.48, "assumed: 2018 GCP list, per GPU (docs/case_study.md)"),
+        "TPU v2": (1.50, "assumed: full v2 Pod $384/h (docs/case_study.md) / 256 chips"),
     }),
     "vms": types.MappingProxyType({
         "n1-standard-8": (0.38, "assumed: 2018 GCP list, $0.0475 per vCPU-hour x 8"),
-        "n1-standard-64": (3.04, "assumed: ~$3.04/h (CASE_STUDY.md)"),
+        "n1-standard-64": (3.04, "assumed: ~$3.04/h (docs/case_study.md)"),
     }),
 })
 
@@ -75,7 +76,7 @@ def _from_minutes(minutes: float) -> float:
     return MEASURED_EPOCHS * IMAGENET_TRAIN_IMAGES / (minutes * 60)
 
 
-# The case study's figures (CASE_STUDY.md); images/sec derived from the published times over 90 epochs.
+# The case study's figures (docs/case_study.md); images/sec derived from the published times over 90 epochs.
 PUBLISHED: tuple[System, ...] = (
     System("1x V100 (n1-standard-8)", "published", "V100", 1, _from_minutes(26 * 60), "n1-standard-8",
            "more than 26 hours (Google Cloud blog, Dec 2018)"),

@@ -32,7 +32,7 @@ import tensorflow as tf  # noqa: E402
 from resnet_scaling.config import IMAGENET_MEAN_RGB, IMAGENET_STDDEV_RGB  # noqa: E402
 from resnet_scaling.data import preprocessing  # noqa: E402
 
-TPU_V2_CHIP_IMAGES_PER_SEC = 950  # The case study's per-chip rate (CASE_STUDY.md).
+TPU_V2_CHIP_IMAGES_PER_SEC = 950  # The case study's per-chip rate (docs/case_study.md).
 CHIPS_PER_TPU_V2_HOST = 4
 
 

@@ -29,11 +29,10 @@ import jax
 import jaxlib
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import data as data_lib
-from resnet_scaling import mesh as mesh_lib
-from resnet_scaling import models, optim, steps
-from resnet_scaling.data.sources import SyntheticSource
-from resnet_scaling.metrics import flops_per_device
+from resnet_scaling import models, optim
+from resnet_scaling.data import SyntheticSource
+from resnet_scaling.metrics import flops_per_device, memory_per_device
+from resnet_scaling.training_setup import setup
 
 WATCHED = {"/jax/core/compile/jaxpr_trace_duration": "traces",
            "/jax/core/compile/backend_compile_duration": "compiles"}
@@ -55,11 +54,11 @@ class EventCounter:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The command-line options."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="resnet50", choices=config_lib.MODEL_NAMES)
-    p.add_argument("--dtype", default="float32", choices=config_lib.COMPUTE_DTYPES)
+    p.add_argument("--model", default="resnet50", choices=models.MODEL_NAMES)
+    p.add_argument("--dtype", default="float32", choices=models.COMPUTE_DTYPES)
     p.add_argument("--batch_size", type=int, default=16, help="Global batch size.")
     p.add_argument("--image_size", type=int, default=224)
-    p.add_argument("--optimizer", default="sgd", choices=config_lib.OPTIMIZERS)
+    p.add_argument("--optimizer", default="sgd", choices=optim.OPTIMIZERS)
     p.add_argument("--steps", type=int, default=5, help="Timed steps per repeat.")
     p.add_argument("--warmup_steps", type=int, default=2, help="Untimed steps after compiling.")
     p.add_argument("--repeats", type=int, default=3)
@@ -75,7 +74,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def make_config(args: argparse.Namespace) -> Any:
-    """The base config with the benchmark's overrides (validated by the caller)."""
+    """The base config with the benchmark's overrides (`setup` validates it)."""
     config = config_lib.get_base_config()
     config.update_from_flattened_dict({
         "model.name": args.model, "model.compute_dtype": args.dtype, "data.source": "synthetic",
@@ -86,17 +85,15 @@ def make_config(args: argparse.Namespace) -> Any:
 
 
 def memory_stats(compiled: Any, device: jax.Device) -> dict[str, int | None]:
-    """XLA's per-device memory analysis of the executable, and the device's peak use where reported."""
-    try:
-        m = compiled.memory_analysis()
-    except Exception:  # noqa: BLE001 - not every backend implements it.
-        m = None
+    """XLA's per-device memory analysis of the executable (as the trainer and the AOT report read it),
+    and the device's peak use where reported."""
     try:
         stats = device.memory_stats() or {}
     except Exception:  # noqa: BLE001 - CPU devices have none.
         stats = {}
-    names = ("argument", "output", "alias", "temp", "generated_code")
-    return {**{f"{n}_bytes": getattr(m, f"{n}_size_in_bytes", None) for n in names},
+    analysis = memory_per_device(compiled) or {}
+    names = ("argument", "output", "alias", "temp", "generated_code", "total")
+    return {**{f"{n}_bytes": analysis.get(n) for n in names},
             "peak_bytes_in_use": stats.get("peak_bytes_in_use"), "bytes_limit": stats.get("bytes_limit")}
 
 
@@ -112,26 +109,13 @@ def time_steps(step_fn: Any, state: Any, next_batch: Callable[[], Any], num_step
 def run(args: argparse.Namespace, events: EventCounter) -> dict[str, Any]:
     """Builds the trainer's state and step, compiles, warms up and times; returns the results."""
     config = make_config(args)
-    config_lib.validate(config)
-    mesh = mesh_lib.create_mesh(config.mesh.num_devices)
-    config_lib.validate(config, mesh.size)
-    source = data_lib.create_data_source(config, mesh)  # The trainer's path: a SyntheticSource here.
-    assert isinstance(source, SyntheticSource), type(source)
-    plan = config_lib.derive(config, source.num_train_examples, mesh.size)
-    model = models.model_from_config(config, num_devices=mesh.size)
-    learning_rate_fn = optim.create_learning_rate_schedule(config, plan)
-    tx = optim.create_optimizer(config, learning_rate_fn)
-    state = steps.create_train_state(jax.random.key(config.seed), model, tx, config.data.image_size, mesh,
-                                     optim.create_dynamic_scale(config))
-    num_params = sum(x.size for x in jax.tree.leaves(state.params))
-    step_config = steps.StepConfig.from_config(config)
-    batches = source.train_batches()
-    batch = next(batches)  # The source cycles a few distinct batches already sharded on the mesh.
+    run_setup = setup(config)  # The trainer's own path: mesh, plan, SyntheticSource, state, jitted steps.
+    assert isinstance(run_setup.source, SyntheticSource), type(run_setup.source)
+    mesh, plan, state = run_setup.mesh, run_setup.plan, run_setup.state
+    batches = run_setup.source.train_batches()  # A few distinct batches already sharded on the mesh.
 
     events.phase = "compile"
-    start = time.perf_counter()
-    compiled = steps.jit_train_step(state, mesh, learning_rate_fn, step_config).lower(state, batch).compile()
-    compile_sec = time.perf_counter() - start
+    compiled, compile_sec = run_setup.compile_train_step()  # Lowered with the shaped batch, as AOT does.
 
     baseline = None
     if args.baseline:
@@ -163,13 +147,14 @@ def run(args: argparse.Namespace, events: EventCounter) -> dict[str, Any]:
                          "images_per_sec_repeats": rates, "images_per_sec_median": statistics.median(rates)})
 
     device = mesh.devices.flat[0]
-    images_per_sec = [config.training.global_batch_size * args.steps / s for s in repeat_sec]
+    images_per_sec = [plan.global_batch_size * args.steps / s for s in repeat_sec]
     sec_per_step = statistics.median(repeat_sec) / args.steps
     flops_dev = flops_per_device(compiled)
     flops = flops_dev * mesh.size if flops_dev else None
     return {
         "benchmark": "train_step",
-        "config": {**{k: v for k, v in vars(args).items() if k != "json_out"}, "num_params": int(num_params),
+        "config": {**{k: v for k, v in vars(args).items() if k != "json_out"},
+                   "num_params": run_setup.num_params,
                    "per_device_batch_size": plan.per_device_batch_size},
         "compile_sec": compile_sec,  # Wall time of jit(...).lower(state, batch).compile().
         "images_per_sec_median": statistics.median(images_per_sec), "images_per_sec_min": min(images_per_sec),

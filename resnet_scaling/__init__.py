@@ -5,14 +5,18 @@ The public API, for research code that skips the command line:
     from resnet_scaling import get_base_config, train_and_evaluate
     config = get_base_config()
     result = train_and_evaluate(config, workdir="/tmp/run")
+
+or builds the pieces and writes its own loop: `setup(config)` returns the mesh, the training plan, the
+data source, the model, the optimizer, the state and the jitted steps (`TrainingSetup`).
 """
 
 from resnet_scaling.checkpointing import load_exported
-from resnet_scaling.config import ConfigError, TrainingPlan, derive, get_base_config, validate
+from resnet_scaling.config import ConfigError, get_base_config, validate
 from resnet_scaling.data import ArraySource, DataSource, SyntheticSource, create_data_source, make_shapes
 from resnet_scaling.mesh import batch_sharding, create_mesh, host_local_to_global, replicated_sharding
 from resnet_scaling.models import ResNet, create_model, model_from_config
 from resnet_scaling.optim import create_dynamic_scale, create_learning_rate_schedule, create_optimizer
+from resnet_scaling.plan import BatchPlan, TrainingPlan, batch_plan, derive
 from resnet_scaling.steps import (
     StepConfig,
     TrainState,
@@ -23,10 +27,12 @@ from resnet_scaling.steps import (
     train_step,
 )
 from resnet_scaling.trainer import TrainResult, evaluate, train_and_evaluate
+from resnet_scaling.training_setup import TrainingSetup, setup
 from resnet_scaling.weights import from_torchvision, load_torchvision_file
 
 __all__ = [
     "ArraySource",
+    "BatchPlan",
     "ConfigError",
     "DataSource",
     "ResNet",
@@ -35,6 +41,8 @@ __all__ = [
     "TrainResult",
     "TrainState",
     "TrainingPlan",
+    "TrainingSetup",
+    "batch_plan",
     "batch_sharding",
     "create_data_source",
     "create_dynamic_scale",
@@ -56,6 +64,7 @@ __all__ = [
     "make_shapes",
     "model_from_config",
     "replicated_sharding",
+    "setup",
     "train_and_evaluate",
     "train_step",
     "validate",

@@ -1,24 +1,25 @@
-"""The base configuration (every field commented), derived values and validation.
+"""The base configuration (every field commented) and its validation.
 
-Config files under `configs/` start from `get_base_config()` and change only what differs. The trainer
-calls `validate(config, num_devices)` at start-up, then `derive(config, num_train_examples,
-num_devices)` to turn durations given in epochs or steps into one `TrainingPlan`.
+Config files under `configs/` start from `get_base_config()` and change only what differs. `setup`
+(training_setup.py) calls `validate(config, num_devices)` once per command; `plan.derive` then turns the
+config, the mesh and the dataset's size into one `TrainingPlan` that every consumer reads.
+
+The allowed values of each choice live next to the factory that uses them (`models.MODEL_NAMES`,
+`optim.OPTIMIZERS`, `data.DATA_SOURCES`, ...); validation reads them from there.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-
 import ml_collections
+from ml_collections.config_dict import placeholder
 
-MODEL_NAMES = ("resnet_tiny", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnet200")
-DATA_SOURCES = ("tfds", "folders", "shapes", "synthetic", "arrays")
-RESIZE_METHODS = ("bilinear", "bicubic", "area")
-OPTIMIZERS = ("sgd", "lars")
-SCHEDULES = ("cosine", "polynomial", "piecewise", "constant")
-COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
-LR_SCALINGS = ("linear", "none")
+from resnet_scaling.data import DATA_SOURCES, RESIZE_METHODS
+from resnet_scaling.models import COMPUTE_DTYPES, MODEL_NAMES
+from resnet_scaling.optim import OPTIMIZERS, SCHEDULES
+from resnet_scaling.plan import DURATIONS, LR_SCALINGS, TRAINING_LENGTH, ConfigError, set_duration_field
+
+__all__ = ["IMAGENET_MEAN_RGB", "IMAGENET_NUM_EVAL_EXAMPLES", "IMAGENET_NUM_TRAIN_EXAMPLES",
+           "IMAGENET_STDDEV_RGB", "ConfigError", "get_base_config", "validate"]
 
 IMAGENET_NUM_TRAIN_EXAMPLES = 1_281_167
 IMAGENET_NUM_EVAL_EXAMPLES = 50_000
@@ -27,17 +28,17 @@ IMAGENET_MEAN_RGB = (0.485, 0.456, 0.406)
 IMAGENET_STDDEV_RGB = (0.229, 0.224, 0.225)
 
 
-class ConfigError(ValueError):
-    """An invalid configuration; the message names the field and the fix."""
-
-
 def get_base_config() -> ml_collections.ConfigDict:
-    """Returns the defaults every config file starts from: ResNet-50 on ImageNet for 90 epochs."""
+    """Returns the defaults every config file starts from: ResNet-50 on ImageNet for 90 epochs.
+
+    Durations (the run, warm-ups, intervals) can each be given in steps, examples or epochs: the first
+    of `*_steps`, `*_examples`, `*_epochs` that is set (not None) counts (`plan.duration_steps`).
+    """
     config = ml_collections.ConfigDict()
     config.seed = 0  # Seeds parameter initialisation, synthetic data and shuffling.
 
     config.model = ml_collections.ConfigDict()
-    config.model.name = "resnet50"  # One of MODEL_NAMES.
+    config.model.name = "resnet50"  # One of models.MODEL_NAMES.
     config.model.num_classes = 1000  # Width of the classifier.
     config.model.num_filters = 64  # Channels of the stem; each stage doubles them (64 is the paper's).
     config.model.zero_init_last_bn_scale = True  # Zero-init the last BN scale in each block (Goyal et al.).
@@ -104,14 +105,18 @@ def get_base_config() -> ml_collections.ConfigDict:
 
     config.training = ml_collections.ConfigDict()
     config.training.global_batch_size = 1024  # Images per step summed over all devices and hosts.
-    config.training.num_epochs = 90.0  # Training length in epochs; ignored when num_train_steps > 0.
-    config.training.num_train_steps = -1  # Training length in steps; -1 derives it from num_epochs.
+    # Training length: steps, else images seen, else epochs (the first that is set).
+    config.training.num_train_steps = placeholder(int)
+    config.training.num_examples = placeholder(int)
+    config.training.num_epochs = 90.0
     config.training.label_smoothing = 0.0  # Weight of the uniform distribution mixed into the labels.
     config.training.log_every_steps = 100  # Fetch metrics from the device and log them this often.
     config.training.tensorboard = True  # Also write TensorBoard event files (clu; imports TensorFlow).
-    # Steps before the timed region (steady-state images/sec, time-to-accuracy) starts; -1: one epoch, as
-    # the case study ran one warm-up epoch before its clock started.
-    config.training.timing_warmup_steps = -1
+    # Before the timed region (steady-state images/sec, time-to-accuracy) starts: one epoch by default, as
+    # the case study ran one warm-up epoch before its clock started; 0 for none.
+    config.training.timing_warmup_steps = placeholder(int)
+    config.training.timing_warmup_examples = placeholder(int)
+    config.training.timing_warmup_epochs = 1.0
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.name = "sgd"  # "sgd" (momentum) or "lars".
@@ -123,12 +128,14 @@ def get_base_config() -> ml_collections.ConfigDict:
     # lr_scaling "linear" (Goyal et al.), or base_learning_rate itself with "none" (LARS recipes).
     config.optimizer.base_learning_rate = 0.1
     config.optimizer.lr_reference_batch_size = 256
-    config.optimizer.lr_scaling = "linear"
+    config.optimizer.lr_scaling = "linear"  # One of plan.LR_SCALINGS.
 
     config.schedule = ml_collections.ConfigDict()
     config.schedule.name = "cosine"  # After warm-up: "cosine", "polynomial", "piecewise", "constant".
-    config.schedule.warmup_epochs = 5.0  # Linear warm-up from 0; ignored when warmup_steps >= 0.
-    config.schedule.warmup_steps = -1  # Warm-up in steps; -1 derives it from warmup_epochs.
+    # Linear warm-up from 0 to the peak learning rate: steps, else images, else epochs.
+    config.schedule.warmup_steps = placeholder(int)
+    config.schedule.warmup_examples = placeholder(int)
+    config.schedule.warmup_epochs = 5.0
     config.schedule.end_learning_rate = 0.0  # Final value for "cosine" and "polynomial".
     config.schedule.polynomial_power = 2.0  # Power of the "polynomial" decay (MLPerf fixes 2).
     config.schedule.boundary_epochs = (30.0, 60.0, 80.0)  # Epochs where "piecewise" decays.
@@ -136,8 +143,10 @@ def get_base_config() -> ml_collections.ConfigDict:
 
     config.checkpoint = ml_collections.ConfigDict()
     config.checkpoint.enabled = True  # Save to WORKDIR/checkpoints and resume from there automatically.
-    config.checkpoint.every_epochs = 1.0  # Save this often (and at the end, and on SIGTERM).
-    config.checkpoint.every_steps = -1  # Save every N steps instead; -1 derives it from every_epochs.
+    # Save this often (and at the end, and on SIGTERM): steps, else images, else epochs; 0 only then.
+    config.checkpoint.every_steps = placeholder(int)
+    config.checkpoint.every_examples = placeholder(int)
+    config.checkpoint.every_epochs = 1.0
     config.checkpoint.keep = 3  # Newest full checkpoints kept.
     config.checkpoint.keep_best = True  # Also keep the parameters of the best evaluation in WORKDIR/best.
     config.checkpoint.async_save = True  # Write in the background while training goes on.
@@ -145,127 +154,13 @@ def get_base_config() -> ml_collections.ConfigDict:
 
     config.eval = ml_collections.ConfigDict()
     config.eval.global_batch_size = 1024  # Images per evaluation step over all devices.
-    config.eval.every_epochs = 1.0  # Evaluate this often (and at the end); <= 0 only at the end.
+    # Evaluate this often (and at the end): steps, else images, else epochs; 0 only at the end.
+    config.eval.every_steps = placeholder(int)
+    config.eval.every_examples = placeholder(int)
+    config.eval.every_epochs = 1.0
     # Top-1 that counts as trained, for time-to-accuracy: the case study's 0.76; MLPerf's is 0.759.
     config.eval.target_top1 = 0.76
     return config
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainingPlan:
-    """Values derived from a config, the number of training examples and devices.
-
-    Attributes:
-      global_batch_size: images per training step over all devices.
-      per_device_batch_size: images per training step on one device.
-      num_train_examples: examples in one epoch.
-      steps_per_epoch: steps in one pass over the training examples (rounded up; for display and
-        per-epoch bookkeeping; durations in epochs use `epochs_to_steps`).
-      total_steps: training steps of the whole run.
-      warmup_steps: steps of linear learning-rate warm-up.
-      peak_learning_rate: learning rate at the end of warm-up.
-      eval_every_steps: steps between evaluations (0: only at the end).
-      checkpoint_every_steps: steps between checkpoints (0: only at the end and on preemption).
-      num_devices: devices in the data mesh axis.
-      timing_warmup_steps: steps before the timed region (steady-state throughput, time-to-accuracy).
-    """
-
-    global_batch_size: int
-    per_device_batch_size: int
-    num_train_examples: int
-    steps_per_epoch: int
-    total_steps: int
-    warmup_steps: int
-    peak_learning_rate: float
-    eval_every_steps: int
-    num_devices: int
-    checkpoint_every_steps: int = 0
-    timing_warmup_steps: int = 0
-
-    def epochs_to_steps(self, epochs: float) -> int:
-        """Steps that see `epochs` passes over the examples, rounded to the nearest step.
-
-        Used for warm-up, evaluation intervals and schedule boundaries (the case study's 1-epoch warm-up
-        is 1,251 steps at batch 1024 and 39 at batch 32768). The run's length rounds up instead.
-        """
-        return int(round(epochs * self.num_train_examples / self.global_batch_size))
-
-
-def derive(config: ml_collections.ConfigDict, num_train_examples: int, num_devices: int) -> TrainingPlan:
-    """Computes every derived value of a run in one place.
-
-    Args:
-      config: a validated config.
-      num_train_examples: size of the training split (defines an epoch).
-      num_devices: devices in the data mesh axis.
-
-    Returns:
-      The run's `TrainingPlan`.
-    """
-    if num_train_examples <= 0:
-        raise ConfigError(f"The training split is empty ({num_train_examples} examples).")
-    batch = config.training.global_batch_size
-    plan = TrainingPlan(
-        global_batch_size=batch,
-        per_device_batch_size=batch // num_devices,
-        num_train_examples=num_train_examples,
-        steps_per_epoch=math.ceil(num_train_examples / batch),
-        total_steps=0,
-        warmup_steps=0,
-        peak_learning_rate=0.0,
-        eval_every_steps=0,
-        num_devices=num_devices,
-    )
-    if config.training.num_train_steps > 0:
-        total_steps = int(config.training.num_train_steps)
-    else:
-        # Rounded up, so a run sees at least the epochs asked for: the case study's 91 epochs are
-        # 113,854 steps at batch 1024 and 3,558 at batch 32768.
-        epochs = config.training.num_epochs
-        total_steps = max(1, math.ceil(epochs * num_train_examples / batch - 1e-9))
-    if config.schedule.warmup_steps >= 0:
-        warmup_steps = int(config.schedule.warmup_steps)
-    else:
-        warmup_steps = plan.epochs_to_steps(config.schedule.warmup_epochs)
-    warmup_steps = min(warmup_steps, total_steps)
-    opt = config.optimizer
-    peak = opt.base_learning_rate
-    if opt.lr_scaling == "linear":
-        peak = opt.base_learning_rate * batch / opt.lr_reference_batch_size
-    eval_every_steps = 0
-    if config.eval.every_epochs > 0:
-        eval_every_steps = max(1, plan.epochs_to_steps(config.eval.every_epochs))
-    checkpoint_every_steps = 0
-    if config.checkpoint.every_steps > 0:
-        checkpoint_every_steps = int(config.checkpoint.every_steps)
-    elif config.checkpoint.every_epochs > 0:
-        checkpoint_every_steps = max(1, plan.epochs_to_steps(config.checkpoint.every_epochs))
-    timing_warmup_steps = config.training.timing_warmup_steps
-    if timing_warmup_steps < 0:
-        timing_warmup_steps = plan.epochs_to_steps(1.0)  # 1,251 at batch 1024: the case study's table.
-    return dataclasses.replace(plan, total_steps=total_steps, warmup_steps=warmup_steps,
-                               peak_learning_rate=float(peak), eval_every_steps=eval_every_steps,
-                               checkpoint_every_steps=checkpoint_every_steps,
-                               timing_warmup_steps=min(int(timing_warmup_steps), total_steps))
-
-
-def resolve_bn_group_size(config: ml_collections.ConfigDict, num_devices: int | None) -> int | None:
-    """Images per batch-norm group for the model, or None for the whole (global) batch.
-
-    Args:
-      config: the run's config (`model.bn_group_size`: -1 whole batch, 0 per device, N images).
-      num_devices: devices in the mesh; required for 0 (per device).
-    """
-    group_size = int(config.model.bn_group_size)
-    global_batch = int(config.training.global_batch_size)
-    if group_size == 0:
-        if num_devices is None:
-            raise ValueError("config.model.bn_group_size = 0 (per device) needs the mesh's device count; "
-                             "pass num_devices to models.model_from_config.")
-        group_size = global_batch // num_devices
-    if group_size < 0 or group_size == global_batch:
-        return None  # One group: plain nn.BatchNorm over the global batch.
-    return group_size
 
 
 def _validate_bn_group_size(config: ml_collections.ConfigDict, num_devices: int | None) -> None:
@@ -326,6 +221,24 @@ def _validate_input_pipeline(data: ml_collections.ConfigDict) -> None:
         _require(data[field] >= 0, f"data.{field}", f"must be >= 0, got {data[field]}.")
 
 
+def _validate_durations(config: ml_collections.ConfigDict) -> None:
+    """The run's length must be set and positive; warm-ups must not be negative. Intervals of 0 or less
+    mean "only at the end" (and on preemption)."""
+    for duration in DURATIONS:
+        steps_field, examples_field, epochs_field = duration.fields()
+        field = set_duration_field(config, duration)
+        if field is None:
+            _require(duration is not TRAINING_LENGTH, epochs_field,
+                     f"set the training length: {steps_field}, {examples_field} or {epochs_field}.")
+            continue
+        section, name = field.split(".")
+        value = config[section][name]
+        if duration is TRAINING_LENGTH:
+            _require(value > 0, field, f"must be positive, got {value}.")
+        elif duration.rounding != "interval":
+            _require(value >= 0, field, f"must be >= 0 (0 for none), got {value}.")
+
+
 def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
     """Refuses invalid settings with a `ConfigError` that names the field and the fix.
 
@@ -333,6 +246,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
       config: the config to check.
       num_devices: devices the run will use; when given, batch divisibility is checked too.
     """
+    _require(
+        config.mesh.num_devices == -1 or config.mesh.num_devices > 0,
+        "mesh.num_devices",
+        "use -1 (all devices) or a positive count.",
+    )
     _require_choice(config.model.name, "model.name", MODEL_NAMES)
     _require_choice(config.model.compute_dtype, "model.compute_dtype", COMPUTE_DTYPES)
     _require_choice(config.data.source, "data.source", DATA_SOURCES)
@@ -363,28 +281,17 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
         "data.image_size",
         f"ResNets downsample by 32; use at least 32 pixels, got {config.data.image_size}.",
     )
-    _require(
-        config.training.num_train_steps > 0 or config.training.num_epochs > 0,
-        "training.num_epochs",
-        "set num_epochs > 0, or num_train_steps > 0.",
-    )
+    _validate_durations(config)
     _require(
         0.0 <= config.training.label_smoothing < 1.0,
         "training.label_smoothing",
         f"must lie in [0, 1), got {config.training.label_smoothing}.",
     )
-    _require(config.training.timing_warmup_steps >= -1, "training.timing_warmup_steps",
-             "use -1 (one epoch), 0 (none) or a number of steps.")
     target = config.eval.target_top1
     _require(0.0 < target <= 1.0, "eval.target_top1",
              f"must lie in (0, 1] (0.76 the case study's, 0.759 MLPerf's), got {target}.")
     _require(config.optimizer.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0.")
     _require(0.0 <= config.optimizer.momentum < 1.0, "optimizer.momentum", "must lie in [0, 1).")
-    _require(
-        config.schedule.warmup_steps >= 0 or config.schedule.warmup_epochs >= 0,
-        "schedule.warmup_epochs",
-        "must be >= 0.",
-    )
     _require(config.schedule.end_learning_rate >= 0, "schedule.end_learning_rate", "must be >= 0.")
     _require(config.schedule.decay_factor > 0, "schedule.decay_factor", "must be positive (0.1 decays 10x).")
     _require(config.schedule.polynomial_power > 0, "schedule.polynomial_power", "must be positive.")
@@ -400,11 +307,6 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
         "mean_rgb and stddev_rgb need three values (R, G, B).",
     )
     _require(min(config.data.stddev_rgb) > 0, "data.stddev_rgb", "values must be positive.")
-    _require(
-        config.mesh.num_devices == -1 or config.mesh.num_devices > 0,
-        "mesh.num_devices",
-        "use -1 (all devices) or a positive count.",
-    )
     if num_devices is not None:
         for field in ("training.global_batch_size", "eval.global_batch_size"):
             section, name = field.split(".")

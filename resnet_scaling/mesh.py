@@ -15,14 +15,21 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 DATA_AXIS = "data"
 
 
+def mesh_size(num_devices: int, num_available: int) -> int:
+    """Devices a mesh of `config.mesh.num_devices` = `num_devices` holds (-1: all `num_available`)."""
+    return num_available if num_devices == -1 else num_devices
+
+
 def create_mesh(num_devices: int = -1, devices: list[jax.Device] | None = None) -> Mesh:
     """Returns a 1-D mesh with axis `data` over `num_devices` devices (-1: all of `jax.devices()`).
 
     With fewer devices than the job has (single-process runs only), the first `num_devices` are used.
     """
     devices = list(devices if devices is not None else jax.devices())
-    if num_devices == -1:
-        num_devices = len(devices)
+    num_devices = mesh_size(num_devices, len(devices))
+    if num_devices <= 0:
+        raise ValueError(f"config.mesh.num_devices: use -1 (all devices) or a positive count, got "
+                         f"{num_devices}.")
     if num_devices > len(devices):
         raise ValueError(
             f"config.mesh.num_devices: asked for {num_devices} devices but only {len(devices)} are "
@@ -45,17 +52,18 @@ def replicated_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
-def local_batch_size(global_batch_size: int, mesh: Mesh) -> int:
-    """Images this process contributes to a global batch: its share of the mesh's devices."""
+def process_layout(mesh: Mesh) -> tuple[int, int]:
+    """(this process's devices in the mesh, processes the mesh spans): how a global batch splits
+    into the host-local batches each process's input pipeline makes."""
     local_devices = sum(d.process_index == jax.process_index() for d in mesh.devices.flat)
-    return global_batch_size * local_devices // mesh.devices.size
+    return local_devices, len({d.process_index for d in mesh.devices.flat})
 
 
 def host_local_to_global(batch: Any, mesh: Mesh) -> Any:
     """Assembles this process's part of a batch (a pytree of NumPy arrays) into global `jax.Array`s.
 
-    Every process calls this with its own `local_batch_size` rows; together they form the global batch,
-    sharded over `data`.
+    Every process calls this with its own `BatchPlan.per_process_batch_size` rows; together they form the
+    global batch, sharded over `data`.
     """
     sharding = batch_sharding(mesh)
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), batch)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from resnet_scaling.batchnorm import GroupedBatchNorm
-from resnet_scaling.config import resolve_bn_group_size
+from resnet_scaling.plan import BatchPlan, TrainingPlan
 
 ModuleDef = Any
 
@@ -204,6 +204,10 @@ ARCHITECTURES: dict[str, tuple[tuple[int, ...], type[nn.Module]]] = {
 
 DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
+# The values `config.model.name` and `config.model.compute_dtype` accept (config.validate reads them).
+MODEL_NAMES = tuple(ARCHITECTURES)
+COMPUTE_DTYPES = tuple(DTYPES)
+
 
 def create_model(
     name: str,
@@ -223,12 +227,15 @@ def create_model(
                   num_filters=num_filters, dtype=dtype, **kwargs)
 
 
-def model_from_config(config: ml_collections.ConfigDict, num_devices: int | None = None) -> ResNet:
+def model_from_config(config: ml_collections.ConfigDict, plan: TrainingPlan | BatchPlan | None = None
+                      ) -> ResNet:
     """Builds the model a config's `model` section describes.
 
     Args:
       config: the run's config.
-      num_devices: devices in the mesh; needed only to resolve `model.bn_group_size = 0` (per device).
+      plan: the run's plan, which holds the resolved batch-norm groups of training
+        (`config.model.bn_group_size`); without one, batch norm spans the whole batch given, which is
+        all that inference needs (it uses the running averages).
     """
     m = config.model
     return create_model(
@@ -239,7 +246,5 @@ def model_from_config(config: ml_collections.ConfigDict, num_devices: int | None
         bn_momentum=m.bn_momentum,
         bn_epsilon=m.bn_epsilon,
         zero_init_last_bn_scale=m.zero_init_last_bn_scale,
-        bn_group_size=resolve_bn_group_size(config, num_devices),
+        bn_group_size=None if plan is None else plan.bn_group_size,
     )
-
-

@@ -13,7 +13,11 @@ import ml_collections
 import optax
 from flax.training import dynamic_scale as dynamic_scale_lib
 
-from resnet_scaling.config import TrainingPlan
+from resnet_scaling.plan import TrainingPlan
+
+# The values `config.optimizer.name` and `config.schedule.name` accept (config.validate reads them).
+OPTIMIZERS = ("sgd", "lars")
+SCHEDULES = ("cosine", "polynomial", "piecewise", "constant")
 
 
 def kernel_mask(params: Any) -> Any:

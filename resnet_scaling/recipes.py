@@ -1,7 +1,7 @@
 """The published training recipes the system configs follow, each set in one place.
 
 A config under `configs/` sets its hardware and global batch, then calls one of these; the recipe picks
-optimizer, learning rate, schedule and regularisation for that batch (../shared/CASE_STUDY.md lists the
+optimizer, learning rate, schedule and regularisation for that batch (docs/case_study.md lists the
 sources). Keeping them here means the tensorflow/tpu LARS table is written once, not copied per config.
 """
 

@@ -177,6 +177,26 @@ def create_train_state(
     return jax.jit(init, out_shardings=mesh_lib.replicated_sharding(mesh))(rng)
 
 
+def abstract_train_state(
+    rng: jax.Array,
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    image_size: int,
+    mesh: Mesh,
+    dynamic_scale: dynamic_scale_lib.DynamicScale | None = None,
+) -> TrainState:
+    """The state `create_train_state` would make, as ShapeDtypeStructs carrying its shardings: nothing is
+    allocated, so it describes a state for devices this machine does not have (ahead-of-time compiles)."""
+    shapes = jax.eval_shape(train_state_init_fn(model, tx, image_size, dynamic_scale), rng)
+
+    def abstract(x, sharding):
+        # weak_type too: the real state's step counter is a weakly typed int32; without it the lowered
+        # program would differ from the trainer's.
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=x.weak_type)
+
+    return jax.tree.map(abstract, shapes, state_sharding(shapes, mesh))
+
+
 def state_sharding(state: TrainState, mesh: Mesh) -> Any:
     """The sharding of every leaf of the state: replicated (data parallelism)."""
     replicated = mesh_lib.replicated_sharding(mesh)

@@ -42,13 +42,11 @@ def main(argv: list[str]) -> None:
     except RuntimeError as e:  # the job did not form: say why, without a traceback
         raise SystemExit(f"error: {e}") from None
     config = _CONFIG.value
-    try:
-        config_lib.validate(config)
-    except config_lib.ConfigError as e:
-        raise app.UsageError(str(e)) from None
     logging.info("Config:\n%s", config)
     try:
-        trainer.train_and_evaluate(config, _WORKDIR.value)
+        trainer.train_and_evaluate(config, _WORKDIR.value)  # Validates the config first, once.
+    except config_lib.ConfigError as e:
+        raise app.UsageError(str(e)) from None
     except data.DataError as e:  # missing, unprepared or malformed dataset: say what to do, no traceback
         raise SystemExit(f"error: {e}") from None
 

@@ -14,6 +14,7 @@ import pytest
 from resnet_scaling import config as config_lib
 from resnet_scaling import hlo, models
 from resnet_scaling import mesh as mesh_lib
+from resnet_scaling import plan as plan_lib
 from resnet_scaling.batchnorm import GroupedBatchNorm
 from resnet_scaling.trainer import train_and_evaluate
 from tests.helpers import random_arrays, tiny_config
@@ -171,13 +172,30 @@ def _config(bn_group_size, global_batch_size=16):
 def test_resolve_bn_group_size(bn_group_size, num_devices, expected):
     config = _config(bn_group_size)
     config_lib.validate(config, num_devices)
-    assert config_lib.resolve_bn_group_size(config, num_devices) == expected
-    assert models.model_from_config(config, num_devices).bn_group_size == expected
+    assert plan_lib.resolve_bn_group_size(bn_group_size, 16, num_devices) == expected
+    if num_devices is not None:
+        plan = plan_lib.batch_plan(config, num_devices)
+        assert plan.bn_group_size == expected
+        assert models.model_from_config(config, plan).bn_group_size == expected
 
 
 def test_per_device_groups_need_the_device_count():
     with pytest.raises(ValueError, match="num_devices"):
-        models.model_from_config(_config(0))
+        plan_lib.resolve_bn_group_size(0, 16, None)
+
+
+def test_model_without_a_plan_is_the_inference_model_of_any_config():
+    """Inference normalises with the running averages, so no plan (and no device count) is needed, even
+    where training uses per-device groups; its outputs equal the training model's in evaluation mode."""
+    config = _config(0)
+    config.model.name, config.model.num_classes, config.model.num_filters = "resnet_tiny", 10, 8
+    inference = models.model_from_config(config)
+    training = models.model_from_config(config, plan_lib.batch_plan(config, 8))
+    assert inference.bn_group_size is None and training.bn_group_size == 2
+    images = jax.random.normal(jax.random.key(1), (16, 32, 32, 3))
+    variables = training.init(jax.random.key(0), images, train=False)
+    np.testing.assert_array_equal(inference.apply(variables, images, train=False),
+                                  training.apply(variables, images, train=False))
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ import pytest
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 pytest.importorskip("libtpu", reason="ahead-of-time TPU compilation needs libtpu: pip install -e '.[tpu]'")
 
-from resnet_scaling import aot  # noqa: E402
+from resnet_scaling import aot, hardware  # noqa: E402
 from tests.helpers import tiny_config  # noqa: E402
 
 TOPOLOGY = "v2:2x2"
@@ -122,7 +122,7 @@ def test_config_topologies_are_valid_and_match_the_mesh(config):
 
 
 def test_hbm_per_device_splits_a_chip_between_its_cores(devices):
-    assert aot.hbm_bytes_per_device(devices) == 8 * 2**30  # a v2 chip's 16 GiB over its 2 cores
+    assert hardware.hbm_bytes_per_device(devices) == 8 * 2**30  # a v2 chip's 16 GiB over its 2 cores
     one_per_chip = [types.SimpleNamespace(device_kind="TPU v5", coords=(i, 0, 0), id=i) for i in range(4)]
-    assert aot.hbm_bytes_per_device(one_per_chip) == 95 * 2**30
-    assert aot.hbm_bytes_per_device(devices, "some future chip") is None
+    assert hardware.hbm_bytes_per_device(one_per_chip) == 95 * 2**30
+    assert hardware.hbm_bytes_per_device(devices, "some future chip") is None

@@ -8,8 +8,10 @@ import pathlib
 import pytest
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import recipes
-from resnet_scaling.config import ConfigError, derive, get_base_config, validate
+from resnet_scaling import data, models, optim, recipes
+from resnet_scaling import plan as plan_lib
+from resnet_scaling.config import ConfigError, get_base_config, validate
+from resnet_scaling.plan import derive
 
 CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 CONFIG_FILES = sorted(CONFIGS_DIR.glob("*.py"))
@@ -190,13 +192,13 @@ def test_validate_refuses_indivisible_eval_batch():
 @pytest.mark.parametrize(
     ("section", "name", "value", "choices"),
     [
-        ("model", "name", "resnet51", config_lib.MODEL_NAMES),
-        ("optimizer", "name", "adam", config_lib.OPTIMIZERS),
-        ("model", "compute_dtype", "float8", config_lib.COMPUTE_DTYPES),
-        ("schedule", "name", "linear", config_lib.SCHEDULES),
-        ("data", "source", "imagenet2012", config_lib.DATA_SOURCES),
-        ("optimizer", "lr_scaling", "sqrt", config_lib.LR_SCALINGS),
-        ("data", "resize_method", "nearest", config_lib.RESIZE_METHODS),
+        ("model", "name", "resnet51", models.MODEL_NAMES),
+        ("optimizer", "name", "adam", optim.OPTIMIZERS),
+        ("model", "compute_dtype", "float8", models.COMPUTE_DTYPES),
+        ("schedule", "name", "linear", optim.SCHEDULES),
+        ("data", "source", "imagenet2012", data.DATA_SOURCES),
+        ("optimizer", "lr_scaling", "sqrt", plan_lib.LR_SCALINGS),
+        ("data", "resize_method", "nearest", data.RESIZE_METHODS),
     ],
 )
 def test_validate_refuses_unknown_choice(section, name, value, choices):
@@ -306,7 +308,7 @@ def test_validate_asks_for_the_folder_of_a_class_folder_dataset():
 def test_validate_refuses_zero_length_training():
     config = get_base_config()
     config.training.num_epochs = 0.0
-    config.training.num_train_steps = -1
+    config.training.num_train_steps = None  # unset: the length comes from num_epochs
     with pytest.raises(ConfigError, match="training.num_epochs"):
         validate(config)
     config.training.num_train_steps = 10  # a step count alone is enough
@@ -319,7 +321,7 @@ def test_config_error_is_a_value_error():
 
 # --------------------------------------------------------------------------- the case study's systems
 
-# CASE_STUDY.md's table: config -> (cores, global batch, train steps, 1-epoch warm-up steps, optimizer).
+# docs/case_study.md's table: config -> (cores, global batch, train steps, 1-epoch warm-up steps, optimizer).
 CASE_STUDY_TPU_CONFIGS = {
     "tpu_v2_8": (8, 1024, 113_854, 1_251, "sgd"),
     "tpu_v2_32": (32, 4096, 28_464, 313, "sgd"),
@@ -352,7 +354,7 @@ def test_case_study_tpu_configs_match_the_published_table(name):
         assert config.training.label_smoothing == 0.0
     assert config.optimizer.weight_decay == 1e-4
     # Batch norm over 128 images, as the reference normalised per core (2 cores of a chip on the pod).
-    assert config_lib.resolve_bn_group_size(config, cores) == 128
+    assert plan.bn_group_size == 128
 
 
 @pytest.mark.parametrize(

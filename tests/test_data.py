@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from resnet_scaling import data, mesh
+from resnet_scaling import plan as plan_lib
 from resnet_scaling.data import shapes
 from tests.helpers import random_arrays, tiny_config
 
@@ -25,8 +26,10 @@ def _array_source(num_devices=8, **kwargs):
     train_x, train_y, eval_x, eval_y = random_arrays(num_train=40, num_eval=21)
     # Label each training image by its index, so batches say which examples they hold.
     train_y = np.arange(40, dtype=np.int32)
-    kwargs = {"global_batch_size": 16, "eval_global_batch_size": 8, "seed": 3, **kwargs}
-    return data.ArraySource(train_x, train_y, eval_x, eval_y, mesh=mesh.create_mesh(num_devices),
+    kwargs = {"seed": 3, **kwargs}
+    batch = plan_lib.batch_plan(tiny_config(training__global_batch_size=16, eval__global_batch_size=8),
+                                num_devices)
+    return data.ArraySource(train_x, train_y, eval_x, eval_y, batch=batch, mesh=mesh.create_mesh(num_devices),
                             **kwargs)
 
 
@@ -77,7 +80,7 @@ def test_evaluation_counts_every_example_exactly_once(num_devices):
 
 def test_array_source_refuses_bad_arrays_with_a_message():
     train_x, train_y, eval_x, eval_y = random_arrays()
-    kwargs = {"global_batch_size": 16, "eval_global_batch_size": 16, "mesh": mesh.create_mesh(8)}
+    kwargs = {"batch": plan_lib.batch_plan(tiny_config(), 8), "mesh": mesh.create_mesh(8)}
     with pytest.raises(ValueError, match="uint8"):
         data.ArraySource(train_x.astype(np.float32), train_y, eval_x, eval_y, **kwargs)
     with pytest.raises(ValueError, match="NHWC"):

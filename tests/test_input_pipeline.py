@@ -1,6 +1,7 @@
 """The tf.data pipeline on class folders and on imagenet2012 prepared by TFDS from ILSVRC-style tars:
 per-process shares, epochs, restarts, determinism, exact evaluation, bad files and missing datasets."""
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -12,6 +13,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from resnet_scaling import checkpointing, data, mesh, trainer
+from resnet_scaling import plan as plan_lib
 from resnet_scaling.data import pipeline, tfds_data
 from tests.helpers import tiny_config
 from tests.image_files import encode, identity, with_identity, write_folders, write_ilsvrc_tars
@@ -111,10 +113,11 @@ def test_process_shares_are_disjoint_cover_the_split_and_evaluate_every_image_on
     # Exact evaluation: every process runs the same number of batches; the masks count each image once.
     mask_sums, batch_counts = [], []
     for p, share in enumerate(shares):
+        # One process's part of a job of `process_count` processes, each making 8 images per batch.
+        batch = dataclasses.replace(plan_lib.batch_plan(config, 8), num_processes=process_count)
         source = pipeline.TFDataSource(
-            share, preprocess=pipeline.preprocess_config(config.data), global_batch_size=8,
-            eval_global_batch_size=8, mesh=mesh.create_mesh(8), process_index=p,
-            process_count=process_count)
+            share, preprocess=pipeline.preprocess_config(config.data), batch=batch, mesh=mesh.create_mesh(8),
+            process_index=p)
         batches = list(source.local_eval_batches())
         batch_counts.append(len(batches))
         mask_sums.append(sum(int(b["mask"].sum()) for b in batches))

@@ -21,7 +21,7 @@ def test_asking_for_more_devices_than_exist_names_the_field_and_the_fix():
 
 def test_host_local_batch_becomes_a_global_array_sharded_over_data():
     m = mesh.create_mesh(8)
-    assert mesh.local_batch_size(64, m) == 64  # One process holds every device here.
+    assert mesh.process_layout(m) == (8, 1)  # One process holds every device here.
     local = {"images": np.arange(64 * 2, dtype=np.uint8).reshape(64, 2), "labels": np.arange(64)}
     batch = mesh.host_local_to_global(local, m)
     assert batch["images"].shape == (64, 2)

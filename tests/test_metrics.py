@@ -9,6 +9,7 @@ import pytest
 
 from resnet_scaling import checkpointing, metrics, trainer
 from resnet_scaling import config as config_lib
+from resnet_scaling import plan as plan_lib
 from tests.helpers import random_arrays, tiny_config
 
 
@@ -318,12 +319,12 @@ def test_only_process_zero_writes_the_summary_and_metric_files(tmp_path, monkeyp
 
 @pytest.mark.parametrize("global_batch_size, warmup_steps", [(1024, 1251), (32768, 39)])
 def test_timing_warmup_defaults_to_one_epoch_as_the_case_study_table(global_batch_size, warmup_steps):
-    config = tiny_config(training__global_batch_size=global_batch_size, training__num_train_steps=-1)
+    config = tiny_config(training__global_batch_size=global_batch_size, training__num_train_steps=None)
     config.training.num_epochs = 91
-    plan = config_lib.derive(config, config_lib.IMAGENET_NUM_TRAIN_EXAMPLES, 8)
+    plan = plan_lib.derive(config, config_lib.IMAGENET_NUM_TRAIN_EXAMPLES, 8)
     assert plan.timing_warmup_steps == warmup_steps
     config.training.timing_warmup_steps = 5
-    assert config_lib.derive(config, config_lib.IMAGENET_NUM_TRAIN_EXAMPLES, 8).timing_warmup_steps == 5
+    assert plan_lib.derive(config, config_lib.IMAGENET_NUM_TRAIN_EXAMPLES, 8).timing_warmup_steps == 5
 
 
 @pytest.mark.parametrize("section, name, value", [("eval", "target_top1", 76.0), ("eval", "target_top1", 0.0),

@@ -16,13 +16,14 @@ import pytest
 from flax.training import dynamic_scale as dynamic_scale_lib
 
 from resnet_scaling import models
-from resnet_scaling.config import derive, get_base_config
+from resnet_scaling.config import get_base_config
 from resnet_scaling.optim import (
     create_dynamic_scale,
     create_learning_rate_schedule,
     create_optimizer,
     kernel_mask,
 )
+from resnet_scaling.plan import derive
 from resnet_scaling.steps import cross_entropy_loss, normalize_images, topk_correct
 
 # --------------------------------------------------------------------------- loss and metrics

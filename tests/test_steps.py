@@ -6,15 +6,15 @@ import jax
 import numpy as np
 import pytest
 
-from resnet_scaling import config as config_lib
 from resnet_scaling import data, mesh, models, optim, steps
+from resnet_scaling import plan as plan_lib
 from tests.helpers import random_arrays, tiny_config
 
 
 def _setup(config, num_devices, step_fn=steps.train_step):
     m = mesh.create_mesh(num_devices)
     source = data.create_data_source(config, m, random_arrays())
-    plan = config_lib.derive(config, source.num_train_examples, m.size)
+    plan = plan_lib.derive(config, source.num_train_examples, m.size)
     lr_fn = optim.create_learning_rate_schedule(config, plan)
     state = steps.create_train_state(jax.random.key(0), models.model_from_config(config),
                                      optim.create_optimizer(config, lr_fn), config.data.image_size, m,

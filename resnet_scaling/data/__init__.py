@@ -1,5 +1,12 @@
 """Input: data sources behind one interface, and the generated demo dataset.
 
+| module | job |
+|---|---|
+| `base.py` | the `DataSource` interface, `DataError`, padding, prefetch, process shares, the shaped batch |
+| `sources.py` | synthetic batches made on the device; NumPy arrays in memory |
+| `pipeline.py` | tf.data sources: TFDS datasets, class folders and the generated shapes |
+| `preprocessing.py`, `records.py`, `image_folders.py`, `tfds_data.py`, `shapes.py` | their parts |
+
 The TFDS, class-folder and shapes sources run on tf.data; TensorFlow is imported only when one of them is
 built, so the synthetic and array sources (and the model, step and metrics) run without it.
 """
@@ -11,24 +18,34 @@ import numpy as np
 from jax.sharding import Mesh
 
 from resnet_scaling import host_tensorflow
-from resnet_scaling.data.shapes import make_shapes, shapes_folder
-from resnet_scaling.data.sources import (
-    ArraySource,
+from resnet_scaling import plan as plan_lib
+from resnet_scaling.data.base import (
+    RESIZE_METHODS,
     DataError,
     DataSource,
-    SyntheticSource,
+    pad_batch,
     prefetch,
     process_share,
+    shaped_train_batch,
 )
+from resnet_scaling.data.shapes import make_shapes, shapes_folder
+from resnet_scaling.data.sources import ArraySource, SyntheticSource
 
-__all__ = ["ArraySource", "DataError", "DataSource", "SyntheticSource", "create_data_source", "make_shapes",
-           "prefetch", "process_share", "shapes_folder"]
+__all__ = ["DATA_SOURCES", "RESIZE_METHODS", "ArraySource", "DataError", "DataSource", "SyntheticSource",
+           "create_data_source", "make_shapes", "pad_batch", "prefetch", "process_share",
+           "shapes_folder", "shaped_train_batch"]
+
+# The values `config.data.source` accepts (config.validate reads them); see create_data_source.
+DATA_SOURCES = ("tfds", "folders", "shapes", "synthetic", "arrays")
+_TF_DATA_SOURCES = ("tfds", "folders", "shapes")
 
 
 def create_data_source(
     config: ml_collections.ConfigDict,
     mesh: Mesh,
     arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None,
+    *,
+    batch: plan_lib.BatchPlan | None = None,
 ) -> DataSource:
     """Builds the source `config.data.source` names.
 
@@ -36,20 +53,20 @@ def create_data_source(
       config: the run's config.
       mesh: the device mesh batches are sharded over.
       arrays: `(train_images, train_labels, eval_images, eval_labels)` for the "arrays" source.
+      batch: the run's batch sizes (default: `plan.batch_plan_for_mesh(config, mesh)`).
 
     Raises:
       DataError: the dataset is missing, unprepared or does not match the config; the message says
         what to run or change.
     """
-    data, training = config.data, config.training
+    data = config.data
     source = data.source
+    batch = batch or plan_lib.batch_plan_for_mesh(config, mesh)
     if source != "arrays" and arrays is not None:
         raise ValueError(f"Arrays were passed but config.data.source is {source!r}; set it to 'arrays'.")
     if source == "synthetic":
         return SyntheticSource(
-            image_size=data.image_size, num_classes=config.model.num_classes,
-            global_batch_size=training.global_batch_size,
-            eval_global_batch_size=config.eval.global_batch_size, mesh=mesh,
+            image_size=data.image_size, num_classes=config.model.num_classes, batch=batch, mesh=mesh,
             num_train_examples=data.num_train_examples, num_eval_examples=data.num_eval_examples,
             num_batches=data.synthetic_num_batches, seed=config.seed,
         )
@@ -58,13 +75,13 @@ def create_data_source(
             raise ValueError("config.data.source is 'arrays': pass arrays=(train_images, train_labels, "
                              "eval_images, eval_labels) to train_and_evaluate.")
         return ArraySource(
-            *arrays, global_batch_size=training.global_batch_size,
-            eval_global_batch_size=config.eval.global_batch_size, mesh=mesh, seed=config.seed,
-            shuffle=data.shuffle, num_classes=config.model.num_classes, image_size=data.image_size,
+            *arrays, batch=batch, mesh=mesh, seed=config.seed, shuffle=data.shuffle,
+            num_classes=config.model.num_classes, image_size=data.image_size,
         )
-    if source in ("tfds", "folders", "shapes"):
+    if source in _TF_DATA_SOURCES:
         host_tensorflow.import_tensorflow_for_host()
         from resnet_scaling.data import pipeline  # Imports TensorFlow.
 
-        return pipeline.source_from_config(config, mesh)
-    raise ValueError(f"config.data.source: unknown source {source!r}.")
+        return pipeline.source_from_config(config, mesh, batch)
+    raise ValueError(f"config.data.source: unknown source {source!r}; choose one of "
+                     f"{', '.join(DATA_SOURCES)}.")

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from resnet_scaling.data.sources import DataError
+from resnet_scaling.data.base import DataError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 EVAL_FOLDER_NAMES = ("val", "validation")

@@ -10,7 +10,6 @@ Images that cannot be decoded are skipped, counted and named in warnings; they n
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterator
 
 import jax
@@ -22,8 +21,9 @@ from jax.sharding import Mesh
 
 from resnet_scaling import mesh as mesh_lib
 from resnet_scaling.data import image_folders, preprocessing, records, shapes
+from resnet_scaling.data.base import Batch, DataError, pad_batch, prefetch, process_share
 from resnet_scaling.data.records import RecordShare
-from resnet_scaling.data.sources import Batch, DataError, pad_batch, prefetch, process_share
+from resnet_scaling.plan import BatchPlan
 
 # Past this, an epoch is far beyond any run; the training stream is endless in practice.
 _MAX_EPOCHS = 1 << 40
@@ -94,7 +94,7 @@ def preprocess_config(data: ml_collections.ConfigDict) -> preprocessing.Preproce
         resize_method=data.resize_method)
 
 
-def source_from_config(config: ml_collections.ConfigDict, mesh: Mesh) -> TFDataSource:
+def source_from_config(config: ml_collections.ConfigDict, mesh: Mesh, batch: BatchPlan) -> TFDataSource:
     """This process's tf.data source for the "tfds", "folders" and "shapes" sources."""
     index, count = jax.process_index(), jax.process_count()
     shares = record_shares(config, index, count)
@@ -106,8 +106,7 @@ def source_from_config(config: ml_collections.ConfigDict, mesh: Mesh) -> TFDataS
                  shares.train.num_examples, shares.eval.num_examples)
     data = config.data
     return TFDataSource(
-        shares, preprocess=preprocess_config(data), global_batch_size=config.training.global_batch_size,
-        eval_global_batch_size=config.eval.global_batch_size, mesh=mesh, seed=config.seed,
+        shares, preprocess=preprocess_config(data), batch=batch, mesh=mesh, seed=config.seed,
         num_threads=data.num_threads, prefetch_batches=data.prefetch_batches,
         device_prefetch=data.device_prefetch)
 
@@ -116,38 +115,36 @@ class TFDataSource:
     """A `DataSource` fed by tf.data from a process's share of a training and an evaluation split."""
 
     def __init__(self, shares: Shares, *, preprocess: preprocessing.PreprocessConfig,
-                 global_batch_size: int, eval_global_batch_size: int, mesh: Mesh, seed: int = 0,
+                 batch: BatchPlan, mesh: Mesh, seed: int = 0,
                  num_threads: int = 0, prefetch_batches: int = 2, device_prefetch: int = 2,
-                 process_index: int | None = None, process_count: int | None = None):
+                 process_index: int | None = None):
         """
         Args:
           shares: this process's shares of the training and evaluation splits.
           preprocess: decoding and augmentation settings.
-          global_batch_size, eval_global_batch_size: images per step over all processes.
+          batch: the run's batch sizes; this process makes `per_process_batch_size` images per step.
           mesh: the device mesh batches are sharded over.
           seed: seeds the augmentation (the shares' order has its own seed).
           num_threads: tf.data threads for this pipeline; 0 leaves the choice to tf.data.
           prefetch_batches: host batches decoded ahead.
           device_prefetch: batches placed on the devices ahead of the step that takes them.
-          process_index, process_count: this process's place in the job (default: JAX's); tests pass
-            them to build one process's local batches of a larger job.
+          process_index: this process's place in the job (default: JAX's); tests pass it, with a `batch`
+            plan for several processes, to build one process's local batches of a larger job.
         """
         self.num_train_examples = shares.num_train_examples
         self.num_eval_examples = shares.num_eval_examples
         self._train, self._eval = shares.train, shares.eval
         self._process_index = jax.process_index() if process_index is None else process_index
-        self._process_count = jax.process_count() if process_count is None else process_count
+        self._process_count = batch.num_processes
         self._preprocess = preprocess
         self._mesh = mesh
         self._seed = seed
         self._num_threads = num_threads
         self._prefetch_batches = prefetch_batches
         self._device_prefetch = device_prefetch
-        self._local_batch = mesh_lib.local_batch_size(global_batch_size, mesh)
-        self._local_eval_batch = mesh_lib.local_batch_size(eval_global_batch_size, mesh)
-        # Every process runs the same number of evaluation steps: enough for the largest share.
-        largest_eval_share = math.ceil(self.num_eval_examples / self._process_count)
-        self._num_eval_batches = math.ceil(largest_eval_share / self._local_eval_batch)
+        self._local_batch = batch.per_process_batch_size
+        self._local_eval_batch = batch.eval_per_process_batch_size
+        self._num_eval_batches = batch.eval_steps(self.num_eval_examples)  # The same on every process.
         self.num_skipped_train = 0  # Undecodable training images skipped so far by this process.
         if self._train.num_examples == 0:
             raise DataError(f"Process {self._process_index} of {self._process_count} got no training "

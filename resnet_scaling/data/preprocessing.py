@@ -18,6 +18,8 @@ import dataclasses
 
 import tensorflow as tf
 
+from resnet_scaling.data.base import RESIZE_METHODS
+
 
 @dataclasses.dataclass(frozen=True)
 class PreprocessConfig:
@@ -29,7 +31,12 @@ class PreprocessConfig:
     crop_attempts: int = 10  # Windows tried before falling back to the centre crop.
     random_flip: bool = True
     eval_resize_size: int = 256  # The shorter side before the evaluation centre crop.
-    resize_method: str = "bilinear"
+    resize_method: str = "bilinear"  # One of RESIZE_METHODS.
+
+    def __post_init__(self):
+        if self.resize_method not in RESIZE_METHODS:
+            raise ValueError(f"resize_method {self.resize_method!r}: choose one of "
+                             f"{', '.join(RESIZE_METHODS)}.")
 
 
 def image_shape(image_bytes: tf.Tensor) -> tf.Tensor:

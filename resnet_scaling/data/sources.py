@@ -1,17 +1,11 @@
-"""Data sources: the interface the trainer reads, a synthetic source and an in-memory array source.
+"""The sources that need no files: synthetic images made on the device, and NumPy arrays in memory.
 
-Every source yields global batches: dicts of `jax.Array`s sharded over the mesh's `data` axis, with
-`images` uint8 [B, H, W, 3] and `labels` int32 [B]; evaluation batches add `mask` (False on padding), so
-that every evaluation example counts exactly once on any number of processes and devices.
+Both implement `base.DataSource`; the tf.data sources (TFDS, class folders, shapes) are in pipeline.py.
 """
 
 from __future__ import annotations
 
-import collections
-import itertools
-import math
 from collections.abc import Iterator
-from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -19,59 +13,8 @@ import numpy as np
 from jax.sharding import Mesh
 
 from resnet_scaling import mesh as mesh_lib
-
-Batch = dict[str, jax.Array]
-
-
-class DataError(ValueError):
-    """A dataset is missing, unprepared or malformed; the message says what to do."""
-
-
-class DataSource(Protocol):
-    """What the trainer needs from a dataset."""
-
-    num_train_examples: int  # Defines an epoch.
-    num_eval_examples: int  # Evaluation covers exactly these.
-
-    def train_batches(self, start_step: int = 0) -> Iterator[Batch]:
-        """Endless global training batches, starting with the one step `start_step` would see."""
-        ...
-
-    def eval_batches(self) -> Iterator[Batch]:
-        """One pass over the evaluation examples, the last batch padded and masked."""
-        ...
-
-
-def process_share(num_examples: int, process_index: int, process_count: int) -> tuple[int, int]:
-    """[start, stop) of a process's disjoint share of `num_examples` (shares differ by at most 1)."""
-    start = num_examples * process_index // process_count
-    stop = num_examples * (process_index + 1) // process_count
-    return start, stop
-
-
-def pad_batch(local: dict[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
-    """Pads a short host batch to `batch_size` with zeros and adds `mask` (False on the padding)."""
-    valid = len(local["labels"])
-    pad = batch_size - valid
-    padded = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)]) if pad else v
-              for k, v in local.items()}
-    padded["mask"] = np.arange(batch_size) < valid
-    return padded
-
-
-def prefetch(batches: Iterator[Batch], size: int) -> Iterator[Batch]:
-    """Keeps `size` batches in flight ahead of the consumer.
-
-    Making a global array starts its host-to-device copy without waiting for it, so pulling batches
-    early overlaps their transfer with the steps still running on the devices.
-    """
-    if size <= 0:
-        yield from batches
-        return
-    queue = collections.deque(itertools.islice(batches, size))
-    while queue:
-        yield queue.popleft()
-        queue.extend(itertools.islice(batches, 1))
+from resnet_scaling.data.base import Batch, pad_batch, process_share
+from resnet_scaling.plan import BatchPlan
 
 
 class SyntheticSource:
@@ -81,17 +24,16 @@ class SyntheticSource:
     work per step and the measurement is of the model and step alone.
     """
 
-    def __init__(self, *, image_size: int, num_classes: int, global_batch_size: int,
-                 eval_global_batch_size: int, mesh: Mesh, num_train_examples: int,
-                 num_eval_examples: int, num_batches: int = 4, seed: int = 0):
+    def __init__(self, *, image_size: int, num_classes: int, batch: BatchPlan, mesh: Mesh,
+                 num_train_examples: int, num_eval_examples: int, num_batches: int = 4, seed: int = 0):
         self.num_train_examples = num_train_examples
         self.num_eval_examples = num_eval_examples
         self._mesh = mesh
         self._image_size = image_size
         self._num_classes = num_classes
-        self._eval_global_batch_size = eval_global_batch_size
+        self._batch = batch
         keys = jax.random.split(jax.random.key(seed), num_batches)
-        self._train = [self._make_batch(k, global_batch_size) for k in keys]
+        self._train = [self._make_batch(k, batch.global_batch_size) for k in keys]
         self._seed = seed
 
     def _make_batch(self, key: jax.Array, batch_size: int) -> Batch:
@@ -112,11 +54,12 @@ class SyntheticSource:
             step += 1
 
     def eval_batches(self) -> Iterator[Batch]:
-        batch_size = self._eval_global_batch_size
+        batch_size = self._batch.eval_global_batch_size
         batch = self._make_batch(jax.random.key(self._seed + 1), batch_size)
         sharding = mesh_lib.batch_sharding(self._mesh)
-        for start in range(0, self.num_eval_examples, batch_size):
-            valid = min(batch_size, self.num_eval_examples - start)
+        # The global batch's first `valid` rows count; later steps (if any) are all padding.
+        for step in range(self._batch.eval_steps(self.num_eval_examples)):
+            valid = max(0, min(batch_size, self.num_eval_examples - step * batch_size))
             mask = jax.device_put(np.arange(batch_size) < valid, sharding)
             yield {**batch, "mask": mask}
 
@@ -131,9 +74,8 @@ class ArraySource:
     """
 
     def __init__(self, train_images: np.ndarray, train_labels: np.ndarray, eval_images: np.ndarray,
-                 eval_labels: np.ndarray, *, global_batch_size: int, eval_global_batch_size: int,
-                 mesh: Mesh, seed: int = 0, shuffle: bool = True, num_classes: int | None = None,
-                 image_size: int | None = None):
+                 eval_labels: np.ndarray, *, batch: BatchPlan, mesh: Mesh, seed: int = 0,
+                 shuffle: bool = True, num_classes: int | None = None, image_size: int | None = None):
         for name, images, labels in (("train", train_images, train_labels),
                                      ("eval", eval_images, eval_labels)):
             _check_arrays(name, images, labels, num_classes, image_size)
@@ -142,16 +84,14 @@ class ArraySource:
         self._mesh = mesh
         self._seed = seed
         self._shuffle = shuffle
-        self._local_batch = mesh_lib.local_batch_size(global_batch_size, mesh)
-        self._local_eval_batch = mesh_lib.local_batch_size(eval_global_batch_size, mesh)
+        self._local_batch = batch.per_process_batch_size
+        self._local_eval_batch = batch.eval_per_process_batch_size
         index, count = jax.process_index(), jax.process_count()
         start, stop = process_share(len(train_labels), index, count)
         self._train_images, self._train_labels = train_images[start:stop], train_labels[start:stop]
         start, stop = process_share(len(eval_labels), index, count)
         self._eval_images, self._eval_labels = eval_images[start:stop], eval_labels[start:stop]
-        # Every process must run the same number of eval steps, so all pad to the largest share.
-        largest_eval_share = math.ceil(len(eval_labels) / count)
-        self._num_eval_batches = math.ceil(largest_eval_share / self._local_eval_batch)
+        self._num_eval_batches = batch.eval_steps(len(eval_labels))  # The same on every process.
         self.num_train_examples = len(train_labels)
         self.num_eval_examples = len(eval_labels)
         if len(self._train_labels) == 0:

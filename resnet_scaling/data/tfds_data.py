@@ -12,8 +12,8 @@ import os
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from resnet_scaling.data.base import DataError
 from resnet_scaling.data.records import TFRecordShards
-from resnet_scaling.data.sources import DataError
 
 # Datasets TFDS cannot download: the files must be fetched by hand and put in a manual_dir.
 _MANUAL_INSTRUCTIONS = {

@@ -4,14 +4,19 @@
 |---|---|
 | `device.py` | step metrics kept on the device and fetched every N steps; the evaluation summary |
 | `throughput.py` | the training clock (compile, evaluation, checkpoints off it), steady-state images/sec |
+| `run_clock.py` | the run's time accounting in one object, saved in checkpoints |
 | `accuracy.py` | time-to-accuracy (the case study's timed region and MLPerf's clock), epochs-to-accuracy |
-| `utilisation.py` | FLOPs per step from XLA's cost analysis, TFLOP/s per device, MFU against peak rates |
+| `compiled.py` | FLOPs and memory per device of a compiled step, from XLA's cost and memory analyses |
+| `utilisation.py` | achieved TFLOP/s per device, MFU against the peak rates of hardware.py |
 | `writers.py` | JSON lines, TensorBoard event files, console durations |
 | `summary.py` | `summary.json`: the headline figures of a run and its config |
 """
 
+from resnet_scaling.hardware import peak_tflops_per_device
 from resnet_scaling.metrics.accuracy import MLPERF_TARGET_TOP1, TimeToAccuracy
+from resnet_scaling.metrics.compiled import flops_per_device, memory_per_device
 from resnet_scaling.metrics.device import MetricsBuffer, first_non_finite_step, summarize_eval
+from resnet_scaling.metrics.run_clock import RunClock
 from resnet_scaling.metrics.summary import (
     SUMMARY_SCHEMA,
     SUMMARY_SCHEMA_VERSION,
@@ -21,22 +26,17 @@ from resnet_scaling.metrics.summary import (
     write_summary,
 )
 from resnet_scaling.metrics.throughput import SteadyStateThroughput, ThroughputTimer
-from resnet_scaling.metrics.utilisation import (
-    PEAK_TFLOPS_PER_DEVICE,
-    flops_per_device,
-    peak_tflops_per_device,
-    utilisation,
-)
+from resnet_scaling.metrics.utilisation import utilisation
 from resnet_scaling.metrics.writers import JsonLinesWriter, MetricWriters, TensorBoardWriter, format_duration
 
 __all__ = [
     "MLPERF_TARGET_TOP1",
-    "PEAK_TFLOPS_PER_DEVICE",
     "SUMMARY_SCHEMA",
     "SUMMARY_SCHEMA_VERSION",
     "JsonLinesWriter",
     "MetricWriters",
     "MetricsBuffer",
+    "RunClock",
     "SteadyStateThroughput",
     "TensorBoardWriter",
     "ThroughputTimer",
@@ -46,6 +46,7 @@ __all__ = [
     "flops_per_device",
     "first_non_finite_step",
     "format_duration",
+    "memory_per_device",
     "peak_tflops_per_device",
     "read_summary",
     "summarize_eval",

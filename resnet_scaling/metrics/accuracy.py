@@ -1,7 +1,7 @@
 """Time-to-accuracy: the first evaluation at or above a target top-1, on two clocks.
 
 - The case study's clock (`time_to_accuracy_sec`): training seconds from the end of the warm-up (the
-  first epoch, or `training.timing_warmup_steps`) to that evaluation; compile, evaluation and
+  first epoch, or `training.timing_warmup_*`) to that evaluation; compile, evaluation and
   checkpointing are off it.
 - MLPerf's clock (`mlperf_time_to_accuracy_sec`): wall seconds from the start of the training loop to the
   end of that evaluation, evaluation and checkpointing included. Time between a preemption and the resume

@@ -1,7 +1,7 @@
 """Throughput on a training clock that skips compile, evaluation and checkpoints; the steady state.
 
 The case study measured steady-state training: the clock starts after a warm-up (the first epoch, or
-`training.timing_warmup_steps`), and compile, evaluation and checkpoint time stay off it. Step-time
+`training.timing_warmup_*`), and compile, evaluation and checkpoint time stay off it. Step-time
 percentiles come from the log intervals (the mean sec/step between two log points), because timing single
 steps would need a host-device sync per step.
 """

@@ -1,0 +1,79 @@
+"""What the library knows about accelerators: one table of peak FLOP/s and HBM per device kind.
+
+MFU (metrics.utilisation) divides by the peak; ahead-of-time reports (aot.py) compare memory with the HBM.
+Peaks are dense rates in the chip's fastest 16-bit format (bfloat16, or float16 on V100), as MaxText
+reports MFU. TPU v2 and v3 chips have 2 TensorCores that JAX sees as 2 devices, so their peaks are per
+core and `hbm_bytes_per_device` halves the chip's HBM; from v4 on, one JAX device is one chip.
+Sources: the Cloud TPU system-architecture pages and NVIDIA's data sheets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+GIB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSpec:
+    """Published figures of one accelerator, matched by a lowercase substring of `jax.Device.device_kind`."""
+
+    kind_substring: str
+    peak_tflops_per_device: float
+    hbm_bytes_per_chip: int
+    source: str
+
+
+# Order matters: the first match wins ("v5 lite" before "v5", "h100 pcie" before "h100", 32 GB before
+# 16 GB V100s).
+DEVICE_SPECS: tuple[DeviceSpec, ...] = (
+    DeviceSpec("v100-sxm2-32gb", 125.0, 32 * GIB, "NVIDIA V100 SXM2 datasheet: 125 TFLOP/s fp16 tensor core"),
+    DeviceSpec("v100", 125.0, 16 * GIB, "NVIDIA V100 SXM2 datasheet: 125 TFLOP/s fp16 tensor core"),
+    DeviceSpec("a100-sxm4-80gb", 312.0, 80 * GIB, "NVIDIA A100 datasheet: 312 TFLOP/s bf16 dense"),
+    DeviceSpec("a100 80gb", 312.0, 80 * GIB, "NVIDIA A100 datasheet: 312 TFLOP/s bf16 dense"),
+    DeviceSpec("a100", 312.0, 40 * GIB, "NVIDIA A100 datasheet: 312 TFLOP/s bf16 dense"),
+    DeviceSpec("h100 pcie", 756.0, 80 * GIB, "NVIDIA H100 datasheet: PCIe 756 TFLOP/s bf16 dense"),
+    DeviceSpec("h100", 989.0, 80 * GIB, "NVIDIA H100 datasheet: SXM 989 TFLOP/s bf16 dense"),
+    DeviceSpec("h200", 989.0, 141 * 10**9, "NVIDIA H200 datasheet: 989 TFLOP/s bf16 dense, 141 GB"),
+    DeviceSpec("tpu v2", 22.5, 16 * GIB, "Cloud TPU docs: v2 chip 45 TFLOP/s bf16, 2 cores, 16 GiB"),
+    DeviceSpec("tpu v3", 61.5, 32 * GIB, "Cloud TPU docs: v3 chip 123 TFLOP/s bf16, 2 cores, 32 GiB"),
+    DeviceSpec("tpu v4", 275.0, 32 * GIB, "Cloud TPU docs: v4 chip 275 TFLOP/s bf16, 32 GiB"),
+    DeviceSpec("tpu v5 lite", 197.0, 16 * GIB, "Cloud TPU docs: v5e chip 197 TFLOP/s bf16, 16 GiB"),
+    DeviceSpec("tpu v5e", 197.0, 16 * GIB, "Cloud TPU docs: v5e chip 197 TFLOP/s bf16, 16 GiB"),
+    DeviceSpec("tpu v5p", 459.0, 95 * GIB, "Cloud TPU docs: v5p chip 459 TFLOP/s bf16, 95 GiB"),
+    DeviceSpec("tpu v5", 459.0, 95 * GIB, "Cloud TPU docs: v5p chip (jax names it 'TPU v5'), 95 GiB"),
+    DeviceSpec("tpu v6 lite", 918.0, 32 * GIB, "Cloud TPU docs: v6e chip 918 TFLOP/s bf16, 32 GiB"),
+)
+
+
+def device_spec(device_kind: str) -> DeviceSpec | None:
+    """The table's row for a `jax.Device.device_kind`, or None (CPUs, kinds not in the table)."""
+    kind = device_kind.lower()
+    return next((spec for spec in DEVICE_SPECS if spec.kind_substring in kind), None)
+
+
+def peak_tflops_per_device(device_kind: str, measured: float | None = None) -> float | None:
+    """The dense 16-bit peak TFLOP/s of one JAX device of `device_kind`, or `measured` if given.
+
+    CPUs and unknown devices return None (no published peak; pass a measured figure to get an MFU).
+    """
+    if measured is not None:
+        return float(measured)
+    spec = device_spec(device_kind)
+    return None if spec is None else spec.peak_tflops_per_device
+
+
+def hbm_bytes_per_device(devices: Sequence[Any], device_kind: str = "") -> int | None:
+    """HBM one device of `devices` can use, or None for a device kind not in the table.
+
+    Args:
+      devices: the devices of the mesh (TPU devices sharing `coords` are cores of one chip).
+      device_kind: overrides the devices' own kind (config.system.device_kind), when set.
+    """
+    spec = device_spec(device_kind or devices[0].device_kind)
+    if spec is None:
+        return None
+    chips = {(getattr(d, "slice_index", 0), tuple(getattr(d, "coords", (d.id,)))) for d in devices}
+    return spec.hbm_bytes_per_chip * len(chips) // len(devices)

@@ -1,0 +1,50 @@
+"""What XLA says about one compiled step: its FLOPs (cost analysis) and its memory (memory analysis).
+
+The trainer's start-up log, the ahead-of-time report (aot.py) and the train-step benchmark all read a
+compiled step through these two functions, so they report the same totals.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def flops_per_device(compiled: Any) -> float | None:
+    """FLOPs of one step of a compiled (per-device, SPMD-partitioned) program, or None if unknown.
+
+    `cost_analysis()` returns a dict, a list of dicts (one per program) or None, depending on the jax
+    version and backend; some backends raise.
+    """
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - not every backend implements cost analysis.
+        return None
+    if isinstance(cost, list | tuple):
+        cost = cost[0] if cost else None
+    flops = cost.get("flops") if isinstance(cost, dict) else None
+    return float(flops) if flops is not None and flops > 0 else None
+
+
+def memory_per_device(compiled: Any) -> dict[str, int] | None:
+    """Bytes one device holds for the step, by kind, with their `total`; None where not reported.
+
+    Kinds: `argument` (state and batch), `output`, `alias` (outputs written into donated arguments),
+    `temp` (activations and other temporaries), `generated_code`. The total counts aliased outputs once:
+    argument + output - alias + temp + generated_code.
+    """
+    try:
+        m = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 - not every backend implements memory analysis.
+        return None
+    if m is None:
+        return None
+    memory = {
+        "argument": int(m.argument_size_in_bytes),
+        "output": int(m.output_size_in_bytes),
+        "alias": int(m.alias_size_in_bytes),
+        "temp": int(m.temp_size_in_bytes),
+        "generated_code": int(m.generated_code_size_in_bytes),
+    }
+    memory["total"] = (memory["argument"] + memory["output"] - memory["alias"] + memory["temp"]
+                       + memory["generated_code"])
+    return memory

@@ -1,0 +1,288 @@
+"""The training plan: every value derived from a config, the mesh and the dataset's size, computed once.
+
+Consumers (data sources, the model factory, the optimizer, the trainer, ahead-of-time compilation) read
+the plan, never the config's raw batch sizes, durations or sentinels. Two steps, because the data source
+needs the batch sizes before it can say how large its splits are:
+
+    batch = plan.batch_plan_for_mesh(config, mesh)
+    source = data.create_data_source(config, mesh, batch=batch)
+    training_plan = plan.derive(config, source.num_train_examples, batch=batch,
+                                num_eval_examples=source.num_eval_examples)
+
+Durations (the run's length, warm-ups, evaluation and checkpoint intervals) can each be given in steps,
+examples or epochs; `duration_steps` is the one converter (as big_vision's `u.steps`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal
+
+import ml_collections
+from jax.sharding import Mesh
+
+from resnet_scaling import mesh as mesh_lib
+
+# How the peak learning rate follows the global batch: "linear" (Goyal et al.) or "none" (LARS recipes).
+LR_SCALINGS = ("linear", "none")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; the message names the field and the fix."""
+
+
+Rounding = Literal["up", "nearest", "interval"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Duration:
+    """Where one duration of a run is set (its steps, examples and epochs fields) and how it rounds.
+
+    The first field that is set (not None) wins, in that order: a `--config.training.num_train_steps`
+    given on the command line overrides the config file's `num_epochs`. Rounding of examples and epochs
+    to steps:
+      "up": the run's length; a run sees at least what was asked for (the case study's 91 epochs are
+        113,854 steps at batch 1024).
+      "nearest": points within a run (its 1-epoch warm-up is 1,251 steps at batch 1024, 39 at 32768).
+      "interval": every-N intervals; anything positive is at least 1 step, 0 or less is 0 ("only at the
+        end"), in steps too.
+    """
+
+    section: str
+    steps: str
+    examples: str
+    epochs: str
+    rounding: Rounding
+
+    def fields(self) -> tuple[str, str, str]:
+        """The three fields as "section.name"."""
+        return tuple(f"{self.section}.{name}" for name in (self.steps, self.examples, self.epochs))
+
+
+TRAINING_LENGTH = Duration("training", "num_train_steps", "num_examples", "num_epochs", "up")
+WARMUP = Duration("schedule", "warmup_steps", "warmup_examples", "warmup_epochs", "nearest")
+EVAL_INTERVAL = Duration("eval", "every_steps", "every_examples", "every_epochs", "interval")
+CHECKPOINT_INTERVAL = Duration("checkpoint", "every_steps", "every_examples", "every_epochs", "interval")
+TIMING_WARMUP = Duration("training", "timing_warmup_steps", "timing_warmup_examples", "timing_warmup_epochs",
+                         "nearest")
+DURATIONS = (TRAINING_LENGTH, WARMUP, EVAL_INTERVAL, CHECKPOINT_INTERVAL, TIMING_WARMUP)
+
+
+def set_duration_field(config: ml_collections.ConfigDict, duration: Duration) -> str | None:
+    """The "section.name" of the field that sets `duration` in `config`, or None if none is set."""
+    section = config[duration.section]
+    for name in (duration.steps, duration.examples, duration.epochs):
+        if section[name] is not None:
+            return f"{duration.section}.{name}"
+    return None
+
+
+def duration_steps(config: ml_collections.ConfigDict, duration: Duration, num_train_examples: int,
+                   global_batch_size: int) -> int | None:
+    """Converts a duration given in steps, examples or epochs into steps (rounded as `duration.rounding`
+    says); None where none of its fields is set. Examples and epochs become `examples / global_batch_size`
+    steps, an epoch being `num_train_examples` examples."""
+    field = set_duration_field(config, duration)
+    if field is None:
+        return None
+    section, name = field.split(".")
+    value = config[section][name]
+    if duration.rounding == "interval" and value <= 0:
+        return 0
+    if name == duration.steps:
+        return int(value)
+    if name == duration.examples:
+        steps = value / global_batch_size
+    else:
+        steps = value * num_train_examples / global_batch_size
+    if duration.rounding == "up":
+        return math.ceil(steps - 1e-9)  # Tolerates float error: 90 epochs of an exact multiple stay exact.
+    if duration.rounding == "interval":
+        return max(1, int(round(steps)))
+    return int(round(steps))
+
+
+def resolve_bn_group_size(bn_group_size: int, global_batch_size: int, num_devices: int | None) -> int | None:
+    """Images per batch-norm group for the model, or None for one group over the whole (global) batch.
+
+    Args:
+      bn_group_size: `config.model.bn_group_size`: -1 the whole batch, 0 each device's images, N images.
+      global_batch_size: images per training step over all devices.
+      num_devices: devices in the mesh; required for 0 (per device).
+    """
+    group_size = int(bn_group_size)
+    if group_size == 0:
+        if num_devices is None:
+            raise ValueError("config.model.bn_group_size = 0 (per device) needs the mesh's device count; "
+                             "pass num_devices.")
+        group_size = global_batch_size // num_devices
+    if group_size < 0 or group_size == global_batch_size:
+        return None  # One group: plain nn.BatchNorm over the global batch.
+    return group_size
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPlan:
+    """Batch sizes of a run on a mesh: global, per process (what one host's input pipeline makes) and per
+    device, for training and evaluation, and the resolved batch-norm group.
+
+    Attributes:
+      global_batch_size: images per training step over all devices.
+      eval_global_batch_size: images per evaluation step over all devices.
+      num_devices: devices in the mesh's `data` axis.
+      num_local_devices: this process's devices in the mesh.
+      num_processes: processes the mesh spans.
+      bn_group_size: images per batch-norm group in training; None for the whole global batch.
+    """
+
+    global_batch_size: int
+    eval_global_batch_size: int
+    num_devices: int
+    num_local_devices: int
+    num_processes: int
+    bn_group_size: int | None
+
+    @property
+    def per_device_batch_size(self) -> int:
+        return self.global_batch_size // self.num_devices
+
+    @property
+    def per_process_batch_size(self) -> int:
+        return self.global_batch_size * self.num_local_devices // self.num_devices
+
+    @property
+    def eval_per_device_batch_size(self) -> int:
+        return self.eval_global_batch_size // self.num_devices
+
+    @property
+    def eval_per_process_batch_size(self) -> int:
+        return self.eval_global_batch_size * self.num_local_devices // self.num_devices
+
+    def eval_steps(self, num_eval_examples: int) -> int:
+        """Evaluation steps for one exact pass: every process runs this many, enough for the largest
+        process share (shares differ by at most one example); the last batches are padded and masked."""
+        largest_share = math.ceil(num_eval_examples / self.num_processes)
+        return math.ceil(largest_share / self.eval_per_process_batch_size)
+
+
+def batch_plan(config: ml_collections.ConfigDict, num_devices: int, num_local_devices: int | None = None,
+               num_processes: int = 1) -> BatchPlan:
+    """The batch sizes of `config` on a mesh of `num_devices` (`num_local_devices` of them this
+    process's; default: all, a single-process job) spanning `num_processes` processes."""
+    global_batch = int(config.training.global_batch_size)
+    return BatchPlan(
+        global_batch_size=global_batch,
+        eval_global_batch_size=int(config.eval.global_batch_size),
+        num_devices=num_devices,
+        num_local_devices=num_devices if num_local_devices is None else num_local_devices,
+        num_processes=num_processes,
+        bn_group_size=resolve_bn_group_size(config.model.bn_group_size, global_batch, num_devices),
+    )
+
+
+def batch_plan_for_mesh(config: ml_collections.ConfigDict, mesh: Mesh) -> BatchPlan:
+    """The batch sizes of `config` on `mesh`, as seen from this process."""
+    return batch_plan(config, mesh.size, *mesh_lib.process_layout(mesh))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingPlan:
+    """Values derived from a config, the mesh and the number of training examples.
+
+    Attributes:
+      batch: the batch sizes (global, per process, per device; training and evaluation) and BN groups.
+      num_train_examples: examples in one epoch.
+      num_eval_examples: examples in one evaluation pass.
+      steps_per_epoch: steps in one pass over the training examples (rounded up; for display and
+        per-epoch bookkeeping; durations in epochs use `epochs_to_steps`).
+      total_steps: training steps of the whole run.
+      warmup_steps: steps of linear learning-rate warm-up.
+      peak_learning_rate: learning rate at the end of warm-up.
+      eval_every_steps: steps between evaluations (0: only at the end).
+      eval_steps: evaluation steps in one exact pass over the evaluation examples.
+      checkpoint_every_steps: steps between checkpoints (0: only at the end and on preemption).
+      log_every_steps: steps between fetches of the training metrics from the device.
+      timing_warmup_steps: steps before the timed region (steady-state throughput, time-to-accuracy).
+    """
+
+    batch: BatchPlan
+    num_train_examples: int
+    num_eval_examples: int
+    steps_per_epoch: int
+    total_steps: int
+    warmup_steps: int
+    peak_learning_rate: float
+    eval_every_steps: int
+    eval_steps: int
+    checkpoint_every_steps: int
+    log_every_steps: int
+    timing_warmup_steps: int
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch.global_batch_size
+
+    @property
+    def per_device_batch_size(self) -> int:
+        return self.batch.per_device_batch_size
+
+    @property
+    def num_devices(self) -> int:
+        return self.batch.num_devices
+
+    @property
+    def bn_group_size(self) -> int | None:
+        return self.batch.bn_group_size
+
+    def epochs_to_steps(self, epochs: float) -> int:
+        """Steps that see `epochs` passes over the examples, rounded to the nearest step (schedule
+        boundaries given in epochs). The run's length rounds up instead (`duration_steps`)."""
+        return int(round(epochs * self.num_train_examples / self.global_batch_size))
+
+
+def derive(config: ml_collections.ConfigDict, num_train_examples: int, num_devices: int | None = None, *,
+           batch: BatchPlan | None = None, num_eval_examples: int | None = None) -> TrainingPlan:
+    """Computes every derived value of a run in one place.
+
+    Args:
+      config: a validated config.
+      num_train_examples: size of the training split (defines an epoch).
+      num_devices: devices in the data mesh axis, for a single-process plan; or pass `batch`.
+      batch: the run's `BatchPlan` (from `batch_plan`, as the data source got it).
+      num_eval_examples: size of the evaluation split (default: `config.data.num_eval_examples`).
+
+    Returns:
+      The run's `TrainingPlan`.
+    """
+    if (batch is None) == (num_devices is None):
+        raise ValueError("derive: pass either num_devices or batch.")
+    if batch is None:
+        batch = batch_plan(config, num_devices)
+    if num_train_examples <= 0:
+        raise ConfigError(f"The training split is empty ({num_train_examples} examples).")
+    if num_eval_examples is None:
+        num_eval_examples = int(config.data.num_eval_examples)
+    global_batch = batch.global_batch_size
+
+    def steps(duration: Duration) -> int:
+        return duration_steps(config, duration, num_train_examples, global_batch) or 0
+
+    total_steps = max(1, steps(TRAINING_LENGTH))
+    peak = config.optimizer.base_learning_rate
+    if config.optimizer.lr_scaling == "linear":
+        peak = config.optimizer.base_learning_rate * global_batch / config.optimizer.lr_reference_batch_size
+    return TrainingPlan(
+        batch=batch,
+        num_train_examples=num_train_examples,
+        num_eval_examples=num_eval_examples,
+        steps_per_epoch=math.ceil(num_train_examples / global_batch),
+        total_steps=total_steps,
+        warmup_steps=min(steps(WARMUP), total_steps),
+        peak_learning_rate=float(peak),
+        eval_every_steps=steps(EVAL_INTERVAL),
+        eval_steps=batch.eval_steps(num_eval_examples),
+        checkpoint_every_steps=steps(CHECKPOINT_INTERVAL),
+        log_every_steps=int(config.training.log_every_steps),
+        timing_warmup_steps=min(steps(TIMING_WARMUP), total_steps),
+    )

@@ -1,0 +1,124 @@
+"""`setup(config)`: the one path from a config to a jitted training step, for every command.
+
+config -> mesh -> batch plan -> data source -> training plan -> model -> optimizer -> state -> steps.
+The trainer (`trainer.train_and_evaluate`), ahead-of-time compilation (`aot.build_report`) and the
+train-step benchmark all build their run here, so what is compiled for a pod ahead of time is what the
+trainer runs. As MaxText's `setup_train_loop` and `get_shaped_batch`: with `abstract=True` nothing is
+allocated or read; the state and the batch are ShapeDtypeStructs with the shardings the real ones have.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import optax
+
+from resnet_scaling import config as config_lib
+from resnet_scaling import data as data_lib
+from resnet_scaling import mesh as mesh_lib
+from resnet_scaling import models, optim, steps
+from resnet_scaling import plan as plan_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingSetup:
+    """Everything a run needs, built from one config.
+
+    Attributes:
+      config: the validated config.
+      mesh: the device mesh (`data` axis).
+      plan: every derived size and duration.
+      source: the data source; None for an abstract setup (no data is read).
+      shaped_batch: the training batch as ShapeDtypeStructs with its sharding (what every source yields).
+      model: the ResNet, with the plan's batch-norm groups.
+      learning_rate_fn: the schedule, step -> learning rate.
+      optimizer: the optax transformation.
+      state: the initial train state, replicated on the mesh (abstract: ShapeDtypeStructs).
+      step_config: the constants the steps bind.
+      train_step: `train_step` jitted for the mesh (state donated); `.lower(state, batch).compile()` it.
+      eval_step: `eval_step` jitted for the mesh.
+    """
+
+    config: ml_collections.ConfigDict
+    mesh: jax.sharding.Mesh
+    plan: plan_lib.TrainingPlan
+    source: data_lib.DataSource | None
+    shaped_batch: dict[str, jax.ShapeDtypeStruct]
+    model: models.ResNet
+    learning_rate_fn: optax.Schedule
+    optimizer: optax.GradientTransformation
+    state: steps.TrainState
+    step_config: steps.StepConfig
+    train_step: Callable[[steps.TrainState, steps.Batch], tuple[steps.TrainState, steps.Metrics]]
+    eval_step: Callable[[steps.TrainState, steps.Batch], steps.Metrics]
+
+    @property
+    def num_params(self) -> int:
+        """Parameters of the model (BN statistics excluded)."""
+        return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.state.params))
+
+    def compile_train_step(self, state: Any = None, batch: Any = None) -> tuple[Any, float]:
+        """Lowers and compiles the train step; returns (the executable, seconds it took).
+
+        Args:
+          state, batch: what to lower with (default: this setup's state and the shaped batch); real
+            arrays and ShapeDtypeStructs with the same shapes and shardings give the same program.
+        """
+        state = self.state if state is None else state
+        batch = self.shaped_batch if batch is None else batch
+        start = time.perf_counter()
+        compiled = self.train_step.lower(state, batch).compile()
+        return compiled, time.perf_counter() - start
+
+
+def setup(config: ml_collections.ConfigDict, *, devices: Sequence[jax.Device] | None = None,
+          arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None,
+          abstract: bool = False,
+          train_step_fn: Callable[..., tuple[steps.TrainState, steps.Metrics]] = steps.train_step,
+          ) -> TrainingSetup:
+    """Validates `config` (once) and builds the run it describes.
+
+    Args:
+      config: a config from `configs/` or `config.get_base_config()`.
+      devices: devices for the mesh (default: all of the job's); for `abstract`, a TPU topology's.
+      arrays: `(train_images, train_labels, eval_images, eval_labels)` for `data.source == "arrays"`.
+      abstract: build shapes only (ahead-of-time compilation): no data source, no state in memory;
+        epochs are `config.data.num_train_examples` long.
+      train_step_fn: the step to jit (tests pass a wrapped `steps.train_step`).
+
+    Raises:
+      ConfigError: an invalid config (the message names the field and the fix).
+      DataError: a missing, unprepared or malformed dataset.
+    """
+    devices = list(devices if devices is not None else jax.devices())
+    config_lib.validate(config, mesh_lib.mesh_size(config.mesh.num_devices, len(devices)))
+    mesh = mesh_lib.create_mesh(config.mesh.num_devices, devices)
+    batch = plan_lib.batch_plan_for_mesh(config, mesh)
+    if abstract:
+        source = None
+        num_train_examples, num_eval_examples = config.data.num_train_examples, config.data.num_eval_examples
+    else:
+        source = data_lib.create_data_source(config, mesh, arrays, batch=batch)
+        num_train_examples, num_eval_examples = source.num_train_examples, source.num_eval_examples
+    plan = plan_lib.derive(config, num_train_examples, batch=batch, num_eval_examples=num_eval_examples)
+
+    model = models.model_from_config(config, plan)
+    learning_rate_fn = optim.create_learning_rate_schedule(config, plan)
+    optimizer = optim.create_optimizer(config, learning_rate_fn)
+    make_state = steps.abstract_train_state if abstract else steps.create_train_state
+    state = make_state(jax.random.key(config.seed), model, optimizer, config.data.image_size, mesh,
+                       optim.create_dynamic_scale(config))
+    step_config = steps.StepConfig.from_config(config)
+    return TrainingSetup(
+        config=config, mesh=mesh, plan=plan, source=source,
+        shaped_batch=data_lib.shaped_train_batch(batch, config.data.image_size, mesh), model=model,
+        learning_rate_fn=learning_rate_fn, optimizer=optimizer, state=state, step_config=step_config,
+        train_step=steps.jit_train_step(state, mesh, learning_rate_fn, step_config, step_fn=train_step_fn),
+        eval_step=steps.jit_eval_step(state, mesh, step_config),
+    )

@@ -1,0 +1,97 @@
+"""The training plan (`resnet_scaling.plan`): durations in steps, examples or epochs through one converter,
+batch sizes per process and per device, and the evaluation step count every source uses."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from resnet_scaling import data, plan
+from resnet_scaling.config import ConfigError, get_base_config, validate
+from tests.helpers import tiny_config
+
+IMAGENET = 1_281_167
+
+
+@pytest.mark.parametrize("duration", plan.DURATIONS, ids=lambda d: f"{d.section}.{d.steps}")
+def test_every_duration_converts_steps_examples_and_epochs_alike(duration):
+    """The same length given three ways gives the same steps; steps win over examples over epochs."""
+    config = get_base_config()  # Global batch 1024.
+    section = config[duration.section]
+    section[duration.steps] = None
+    section[duration.examples] = None
+    section[duration.epochs] = 2.0
+    from_epochs = plan.duration_steps(config, duration, IMAGENET, 1024)
+    section[duration.examples] = 2 * IMAGENET
+    from_examples = plan.duration_steps(config, duration, IMAGENET, 1024)
+    assert from_epochs == from_examples == (2503 if duration.rounding == "up" else 2502)  # 2502.28 steps
+    section[duration.steps] = 7
+    assert plan.duration_steps(config, duration, IMAGENET, 1024) == 7
+    assert plan.set_duration_field(config, duration) == f"{duration.section}.{duration.steps}"
+
+
+def test_examples_set_the_run_length_and_warmup_in_the_plan():
+    config = tiny_config(training__num_train_steps=None, training__num_examples=100,
+                         schedule__warmup_steps=None, schedule__warmup_examples=40)
+    validate(config, 8)
+    p = plan.derive(config, 64, num_devices=8)
+    assert p.total_steps == 7  # ceil(100 / 16)
+    assert p.warmup_steps == 2  # round(40 / 16) = round(2.5), half to even
+    assert p.steps_per_epoch == 4
+
+
+@pytest.mark.parametrize("value, expected", [(0, 0), (-3, 0), (1, 1), (10, 1), (33, 2), (64, 4)])
+def test_intervals_in_examples_are_at_least_one_step_and_zero_means_only_at_the_end(value, expected):
+    config = tiny_config(eval__every_examples=value, checkpoint__every_examples=value)
+    p = plan.derive(config, 64, num_devices=8)
+    assert (p.eval_every_steps, p.checkpoint_every_steps) == (expected, expected)
+
+
+def test_validate_refuses_a_missing_or_negative_duration():
+    config = get_base_config()
+    config.training.num_epochs = None
+    with pytest.raises(ConfigError, match="config.training.num_epochs: set the training length"):
+        validate(config)
+    config = get_base_config()
+    config.schedule.warmup_examples = -5
+    with pytest.raises(ConfigError, match=r"config.schedule.warmup_examples: must be >= 0"):
+        validate(config)
+
+
+@pytest.mark.parametrize("num_processes", [1, 2, 3, 4])
+@pytest.mark.parametrize("num_eval_examples", [1, 9, 50, 50_000])
+def test_eval_steps_cover_every_process_share(num_processes, num_eval_examples):
+    """Every process runs `eval_steps` batches, enough for its own share (shares by `process_share`)."""
+    config = tiny_config(eval__global_batch_size=8 * num_processes)
+    batch = plan.batch_plan(config, 2 * num_processes, num_local_devices=2, num_processes=num_processes)
+    assert batch.eval_per_process_batch_size == 8
+    steps = batch.eval_steps(num_eval_examples)
+    shares = [data.process_share(num_eval_examples, p, num_processes) for p in range(num_processes)]
+    largest = max(stop - start for start, stop in shares)
+    assert steps == math.ceil(largest / 8)  # Enough for the largest share, and not one batch more.
+
+
+def test_batch_plan_sizes_per_process_and_device():
+    config = tiny_config(training__global_batch_size=64, eval__global_batch_size=32, model__bn_group_size=0)
+    batch = plan.batch_plan(config, 16, num_local_devices=4, num_processes=4)
+    assert (batch.per_device_batch_size, batch.per_process_batch_size) == (4, 16)
+    assert (batch.eval_per_device_batch_size, batch.eval_per_process_batch_size) == (2, 8)
+    assert batch.bn_group_size == 4  # Per device.
+    training_plan = plan.derive(config, 640, batch=batch, num_eval_examples=100)
+    assert training_plan.batch is batch and training_plan.bn_group_size == 4
+    assert training_plan.eval_steps == batch.eval_steps(100) == 4  # ceil(25 / 8)
+    with pytest.raises(ValueError, match="either num_devices or batch"):
+        plan.derive(config, 640, 16, batch=batch)
+
+
+def test_synthetic_eval_counts_every_example_once_whatever_the_step_count():
+    config = tiny_config(data__source="synthetic", data__num_eval_examples=37, eval__global_batch_size=16)
+    from resnet_scaling import mesh
+
+    m = mesh.create_mesh(8)
+    source = data.create_data_source(config, m)
+    masks = [np.asarray(b["mask"]) for b in source.eval_batches()]
+    assert len(masks) == plan.batch_plan_for_mesh(config, m).eval_steps(37) == 3
+    assert sum(int(mask.sum()) for mask in masks) == 37
