@@ -120,7 +120,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         "scaling": "strong" if args.global_batch_size > 0 else "weak",
         "options": {k: v for k, v in vars(args).items() if k not in ("json_out", "_point", "counts")},
         "points": points, "command": shlex.join([sys.executable, *sys.argv]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     print("| devices | global batch | images/sec | per device | sec/step | speedup | efficiency |")
     print("|---|---|---|---|---|---|---|")

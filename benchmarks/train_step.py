@@ -179,7 +179,7 @@ def run(args: argparse.Namespace, events: EventCounter) -> dict[str, Any]:
             "num_devices": mesh.size, "num_visible_devices": jax.device_count(), "cpu_count": os.cpu_count(),
             "default_matmul_precision": jax.config.jax_default_matmul_precision,
             "command": shlex.join([sys.executable, *sys.argv]),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")},
     }
 
 

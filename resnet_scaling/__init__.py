@@ -13,10 +13,12 @@ data source, the model, the optimizer, the state and the jitted steps (`Training
 from resnet_scaling.checkpointing import load_exported
 from resnet_scaling.config import ConfigError, get_base_config, validate
 from resnet_scaling.data import ArraySource, DataSource, SyntheticSource, create_data_source, make_shapes
+from resnet_scaling.evaluate import evaluate_workdir
 from resnet_scaling.mesh import batch_sharding, create_mesh, host_local_to_global, replicated_sharding
 from resnet_scaling.models import ResNet, create_model, model_from_config
 from resnet_scaling.optim import create_dynamic_scale, create_learning_rate_schedule, create_optimizer
 from resnet_scaling.plan import BatchPlan, TrainingPlan, batch_plan, derive
+from resnet_scaling.predict import Predictor, load_predictor
 from resnet_scaling.steps import (
     StepConfig,
     TrainState,
@@ -26,7 +28,7 @@ from resnet_scaling.steps import (
     jit_train_step,
     train_step,
 )
-from resnet_scaling.trainer import TrainResult, evaluate, train_and_evaluate
+from resnet_scaling.trainer import TrainResult, train_and_evaluate
 from resnet_scaling.training_setup import TrainingSetup, setup
 from resnet_scaling.weights import from_torchvision, load_torchvision_file
 
@@ -34,6 +36,7 @@ __all__ = [
     "ArraySource",
     "BatchPlan",
     "ConfigError",
+    "Predictor",
     "DataSource",
     "ResNet",
     "StepConfig",
@@ -53,13 +56,14 @@ __all__ = [
     "create_train_state",
     "derive",
     "eval_step",
-    "evaluate",
+    "evaluate_workdir",
     "from_torchvision",
     "get_base_config",
     "host_local_to_global",
     "jit_eval_step",
     "jit_train_step",
     "load_exported",
+    "load_predictor",
     "load_torchvision_file",
     "make_shapes",
     "model_from_config",

@@ -205,6 +205,15 @@ class Checkpointer:
                 json.dump(self._config.to_dict(), f, indent=2, default=str)
         return self._export_directory
 
+    def paths(self, exported: bool) -> dict[str, str]:
+        """What this checkpointer writes, for the closing headline: checkpoints, best and exported weights."""
+        paths = {"checkpoints": self.directory}
+        if self._best_manager is not None and self._best_top1 > float("-inf"):  # Some evaluation saved.
+            paths["best weights"] = str(self._best_manager.directory)
+        if exported:
+            paths["exported weights"] = self._export_directory
+        return paths
+
     def wait(self) -> None:
         """Blocks until every started save is complete on disk."""
         self._manager.wait_until_finished()
@@ -227,6 +236,20 @@ def _restore_to_host(path: str) -> Any:
     return jax.tree.map(np.asarray, checkpointer.restore(path, target))
 
 
+def parameter_steps(directory: str) -> list[int]:
+    """The numbered steps of a best/ directory that hold parameters, oldest first (none in a workdir's
+    checkpoints/, whose steps hold full train states)."""
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    return sorted(int(n) for n in names
+                  if n.isdigit() and os.path.isdir(os.path.join(directory, n, "variables")))
+
+
+def is_export_directory(path: str) -> bool:
+    """An export/ directory: `variables/` and the run's `config.json` (a workdir has a config.json too)."""
+    return (os.path.isdir(os.path.join(path, "variables"))
+            and os.path.isfile(os.path.join(path, "config.json")))
+
+
 def load_exported(path: str) -> tuple[dict[str, Any], ml_collections.ConfigDict]:
     """Loads parameters and BN statistics from a workdir, its `export/` or its `best/` directory.
 
@@ -236,22 +259,24 @@ def load_exported(path: str) -> tuple[dict[str, Any], ml_collections.ConfigDict]
 
     Returns:
       `(variables, config)`: NumPy `{'params': ..., 'batch_stats': ...}` for `model.apply` and the
-      config of the run, from which `models.model_from_config(config)` rebuilds the model.
+      config of the run (over today's defaults, `config.config_from_saved`), from which
+      `models.model_from_config(config)` rebuilds the model.
     """
+    from resnet_scaling import config as config_lib  # The config module imports the data package.
+
     path = os.path.abspath(path)
-    if os.path.isdir(os.path.join(path, "export")):
+    if is_export_directory(os.path.join(path, "export")):
         path = os.path.join(path, "export")
-    if os.path.isfile(os.path.join(path, "config.json")):
+    if is_export_directory(path):
         with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
             config_dict = json.load(f)
         variables_path = os.path.join(path, "variables")
     else:
-        steps = sorted((int(name) for name in os.listdir(path) if name.isdigit()), reverse=True) \
-            if os.path.isdir(path) else []
+        steps = parameter_steps(path)
         if not steps:
             raise FileNotFoundError(f"No exported or best parameters under {path}: expected a workdir, "
                                     "its export/ or its best/ directory.")
-        with open(os.path.join(path, str(steps[0]), "meta", "metadata"), encoding="utf-8") as f:
+        with open(os.path.join(path, str(steps[-1]), "meta", "metadata"), encoding="utf-8") as f:
             config_dict = json.load(f)["config"]
-        variables_path = os.path.join(path, str(steps[0]), "variables")
-    return dict(_restore_to_host(variables_path)), ml_collections.ConfigDict(config_dict)
+        variables_path = os.path.join(path, str(steps[-1]), "variables")
+    return dict(_restore_to_host(variables_path)), config_lib.config_from_saved(config_dict)

@@ -1,6 +1,6 @@
 """Entry point: compile the training step ahead of time for a TPU topology, and report on it.
 
-    python -m resnet_scaling.compile --config=configs/pod.py [--topology=v2:16x16] [--json_out=PATH]
+    python -m resnet_scaling.compile --config=pod [--topology=v2:16x16] [--json_out=PATH]
 
 Needs libtpu (`pip install -e '.[tpu]'`), not a TPU: the topology's devices come from libtpu's
 description of them. Prints per-device memory against the chip's HBM, FLOPs per step and the collectives
@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 
 import jax
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
-from resnet_scaling import aot
+from resnet_scaling import aot, console
 from resnet_scaling import config as config_lib
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
-                                          lock_config=True)
+logger = logging.getLogger("resnet_scaling.compile")  # Not __name__: "__main__" under `python -m`.
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "A config file (configs/*.py) or the name of a shipped one (pod, tpu_v2_256, ...).",
+    lock_config=True)
 _TOPOLOGY = flags.DEFINE_string("topology", None,
                                 "TPU topology, e.g. v2:16x16 (default: config.system.topology).")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the report as JSON to this path.")
@@ -31,7 +35,7 @@ flags.mark_flags_as_required(["config"])
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-    logging.set_verbosity(logging.INFO)
+    console.configure_command_line_logging()
     # The compiler runs on the host; never initialise a local accelerator (a CPU machine has none), and
     # do not take libtpu's single-process lock: compiling needs no TPU, and a run may be using it.
     jax.config.update("jax_platforms", "cpu")
@@ -41,8 +45,8 @@ def main(argv: list[str]) -> None:
     if not topology:
         raise app.UsageError("No TPU topology: set config.system.topology or pass --topology=v2:16x16.")
     devices = aot.topology_devices(topology, config.system.chips_per_host_bounds, config.system.num_slices)
-    logging.info("Compiling the %s train step for %s: %d x %s.", config.model.name, topology, len(devices),
-                 devices[0].device_kind)
+    logger.info("Compiling the %s train step for %s: %d x %s.", config.model.name, topology, len(devices),
+                devices[0].device_kind)
     try:
         report = aot.build_report(config, devices, topology)
     except config_lib.ConfigError as e:
@@ -52,8 +56,8 @@ def main(argv: list[str]) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(_JSON_OUT.value)), exist_ok=True)
         with open(_JSON_OUT.value, "w") as f:
             json.dump(dataclasses.asdict(report), f, indent=2)
-        logging.info("Wrote %s.", _JSON_OUT.value)
+        logger.info("Wrote %s.", _JSON_OUT.value)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=lambda argv: app.parse_flags_with_usage(config_lib.resolve_config_flag(argv)))

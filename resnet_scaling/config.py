@@ -10,6 +10,12 @@ The allowed values of each choice live next to the factory that uses them (`mode
 
 from __future__ import annotations
 
+import importlib.resources
+import os
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
 import ml_collections
 from ml_collections.config_dict import placeholder
 
@@ -19,7 +25,8 @@ from resnet_scaling.optim import OPTIMIZERS, SCHEDULES
 from resnet_scaling.plan import DURATIONS, LR_SCALINGS, TRAINING_LENGTH, ConfigError, set_duration_field
 
 __all__ = ["IMAGENET_MEAN_RGB", "IMAGENET_NUM_EVAL_EXAMPLES", "IMAGENET_NUM_TRAIN_EXAMPLES",
-           "IMAGENET_STDDEV_RGB", "ConfigError", "get_base_config", "validate"]
+           "IMAGENET_STDDEV_RGB", "ConfigError", "config_from_saved", "find_config_file", "get_base_config",
+           "resolve_config_flag", "shipped_config_names", "validate"]
 
 IMAGENET_NUM_TRAIN_EXAMPLES = 1_281_167
 IMAGENET_NUM_EVAL_EXAMPLES = 50_000
@@ -51,6 +58,10 @@ def get_base_config() -> ml_collections.ConfigDict:
     # Dtype of activations and convolutions. Parameters, BN statistics and the loss stay float32.
     # float16 turns on dynamic loss scaling (for V100s, which have no bfloat16 units).
     config.model.compute_dtype = "float32"
+    # Start from these weights instead of random ones: a torchvision ResNet state dict saved as .npz, a
+    # workdir (its export/), or an export/ or best/ directory. A run resuming its own checkpoint ignores it.
+    config.model.init_from = ""
+    config.model.init_skip_classifier = False  # Start the classifier afresh (fine-tuning, other classes).
 
     config.data = ml_collections.ConfigDict()
     # Where images come from:
@@ -117,6 +128,9 @@ def get_base_config() -> ml_collections.ConfigDict:
     config.training.timing_warmup_steps = placeholder(int)
     config.training.timing_warmup_examples = placeholder(int)
     config.training.timing_warmup_epochs = 1.0
+    # Steps (first, last) to trace with jax.profiler into WORKDIR/tensorboard (TensorBoard's Profile tab);
+    # (0, 0) traces nothing. Process 0 traces its host and devices.
+    config.training.profile_steps = (0, 0)
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.name = "sgd"  # "sgd" (momentum) or "lars".
@@ -282,6 +296,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
         f"ResNets downsample by 32; use at least 32 pixels, got {config.data.image_size}.",
     )
     _validate_durations(config)
+    window = tuple(config.training.profile_steps)
+    _require(window == (0, 0) or (len(window) == 2 and all(isinstance(s, int) for s in window)
+                                  and 0 < window[0] <= window[1]),
+             "training.profile_steps", f"use (first, last) with 0 < first <= last, or (0, 0) for no trace; "
+             f"got {window}.")
     _require(
         0.0 <= config.training.label_smoothing < 1.0,
         "training.label_smoothing",
@@ -319,3 +338,69 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
                     f"{batch} is not divisible by the {num_devices} devices of the mesh; use a "
                     f"multiple of {num_devices} (for example {lower} or {lower + num_devices}).",
                 )
+
+
+def config_from_saved(values: Mapping[str, Any]) -> ml_collections.ConfigDict:
+    """A saved run's config (`config.to_dict()`, as export/ and best/ hold it) over today's
+    `get_base_config()`: fields added since the run was saved take their defaults, so that older workdirs
+    still validate and build; every saved value is kept."""
+    config = get_base_config()
+    _merge(config, values)
+    return config
+
+
+def _merge(target: ml_collections.ConfigDict, values: Mapping[str, Any]) -> None:
+    for key, value in values.items():
+        current = target.get(key)
+        if isinstance(current, ml_collections.ConfigDict) and isinstance(value, Mapping):
+            _merge(current, value)
+            continue
+        try:
+            target[key] = value
+        except TypeError:  # A field whose type changed since: the run's own value still wins.
+            with target.ignore_type():
+                target[key] = value
+
+
+def shipped_configs_dir() -> pathlib.Path | None:
+    """The folder of the config files that ship with the package (`resnet_scaling.configs`); in a
+    checkout that is not installed, its top-level `configs/`."""
+    try:
+        return pathlib.Path(str(importlib.resources.files("resnet_scaling.configs")))
+    except ModuleNotFoundError:
+        checkout = pathlib.Path(__file__).resolve().parents[1] / "configs"
+        return checkout if checkout.is_dir() else None
+
+
+def shipped_config_names() -> list[str]:
+    """The names `--config` accepts besides paths: "demo", "pod", "gpu_h100x8", ..."""
+    folder = shipped_configs_dir()
+    return sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__") if folder else []
+
+
+def find_config_file(value: str) -> str:
+    """The config file a `--config` value means: an existing path as given (with its optional `:arg`);
+    else a shipped config by name ("pod") or by its checkout path ("configs/pod.py") from any directory.
+    Anything else comes back unchanged, for the flag's own "file not found" error."""
+    path, sep, arg = value.partition(":")
+    if os.path.isfile(path):
+        return value
+    candidate = pathlib.PurePath(path)
+    if candidate.suffix == ".py" and candidate.parent.name in ("configs", ""):
+        candidate = pathlib.PurePath(candidate.stem)
+    folder = shipped_configs_dir()
+    if folder is not None and len(candidate.parts) == 1 and (folder / f"{candidate}.py").is_file():
+        return str(folder / f"{candidate}.py") + sep + arg
+    return value
+
+
+def resolve_config_flag(argv: list[str], flag: str = "config") -> list[str]:
+    """`argv` with the `--config` value turned into a file path by `find_config_file` (both the
+    `--config=VALUE` and the `--config VALUE` forms); entry points call it before absl parses flags."""
+    resolved = list(argv)
+    for i, arg in enumerate(resolved):
+        if arg.startswith(f"--{flag}="):
+            resolved[i] = f"--{flag}=" + find_config_file(arg.split("=", 1)[1])
+        elif arg == f"--{flag}" and i + 1 < len(resolved):
+            resolved[i + 1] = find_config_file(resolved[i + 1])
+    return resolved

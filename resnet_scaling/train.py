@@ -1,19 +1,28 @@
 """Entry point: `python -m resnet_scaling.train --config=configs/demo.py --workdir=/tmp/demo`.
 
-Override any config field on the command line: `--config.training.global_batch_size=256`.
+`--config` takes a config file's path or the name of one shipped with the package (`--config=demo`,
+`--config=pod`). Override any config field on the command line: `--config.training.global_batch_size=256`.
+The console shows our progress and other libraries' warnings (`--verbosity=0` shows their INFO lines) and
+ends with a headline; the config goes to WORKDIR/config.json (`--print_config` also prints it).
 Multi-process jobs (TPU pod slices, SLURM, launch/local.py) join up first; see `distributed.py`.
 """
 
 from __future__ import annotations
 
-from absl import app, flags, logging
+import logging
+
+import jax
+from absl import app, flags
 from ml_collections import config_flags
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import data, distributed, trainer, xla_flags
+from resnet_scaling import console, data, distributed, trainer, xla_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
-                                          lock_config=True)
+logger = logging.getLogger("resnet_scaling.train")  # Not __name__: "__main__" under `python -m`.
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "A config file (configs/*.py) or the name of a shipped one: " +
+    ", ".join(config_lib.shipped_config_names()) + ".", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics, summaries and checkpoints.")
 flags.mark_flags_as_required(["config", "workdir"])
 # Multi-process settings; unset, they come from the environment or the cluster (distributed.py).
@@ -25,15 +34,19 @@ _INIT_TIMEOUT = flags.DEFINE_integer(
     "Fail if the job's processes have not all connected by then.")
 _THROUGHPUT_FLAGS = flags.DEFINE_bool("throughput_flags", True,
                                       "Add the XLA/libtpu flags of xla_flags.py for the detected backend.")
+_PRINT_CONFIG = flags.DEFINE_bool("print_config", False, "Print the config before training (it is always "
+                                  "written to WORKDIR/config.json).")
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-    logging.set_verbosity(logging.INFO)
-    # Both must run before anything initialises a JAX backend.
+    console.configure_command_line_logging()
+    # These must run before anything initialises a JAX backend.
+    if xla_flags.no_accelerator_found():
+        jax.config.update("jax_platforms", "cpu")
     if _THROUGHPUT_FLAGS.value and (added := xla_flags.apply_throughput_flags()):
-        logging.info("Throughput flags added: %s", added)
+        logger.info("Throughput flags added: %s", added)
     try:
         distributed.maybe_initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                                      _INIT_TIMEOUT.value)
@@ -42,7 +55,8 @@ def main(argv: list[str]) -> None:
     except RuntimeError as e:  # the job did not form: say why, without a traceback
         raise SystemExit(f"error: {e}") from None
     config = _CONFIG.value
-    logging.info("Config:\n%s", config)
+    if _PRINT_CONFIG.value:
+        print(config, flush=True)
     try:
         trainer.train_and_evaluate(config, _WORKDIR.value)  # Validates the config first, once.
     except config_lib.ConfigError as e:
@@ -51,5 +65,10 @@ def main(argv: list[str]) -> None:
         raise SystemExit(f"error: {e}") from None
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, after turning a shipped config's name (`--config=demo`) into its path."""
+    return app.parse_flags_with_usage(config_lib.resolve_config_flag(argv))
+
+
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

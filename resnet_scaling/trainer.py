@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +16,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from resnet_scaling import checkpointing, steps, training_setup
+from resnet_scaling import checkpointing, console, profiling, steps, training_setup
 from resnet_scaling import data as data_lib
 from resnet_scaling import metrics as metrics_lib
 from resnet_scaling import plan as plan_lib
@@ -78,10 +79,13 @@ def train_and_evaluate(
     Returns:
       A `TrainResult` with the final state and the logged metrics.
     """
+    console.show_progress()
     run = training_setup.setup(config, devices=devices, arrays=arrays)
     plan, source, state = run.plan, run.source, run.state
     is_writer = jax.process_index() == 0
     log = logger.info if is_writer else logger.debug
+    if is_writer:
+        _write_config(workdir, config)
     _log_setup(log, run)
     checkpointer = checkpointing.Checkpointer(workdir, config) if config.checkpoint.enabled else None
     saved_clock = None
@@ -101,9 +105,11 @@ def train_and_evaluate(
     memory = metrics_lib.memory_per_device(train_step_fn)
     log("Compiled the train step in %.1fs%s.", compile_sec,
         "" if memory is None else f", {memory['total'] / 2**20:.0f} MiB per device")
-    writers = (metrics_lib.MetricWriters(workdir, tensorboard=config.training.tensorboard)
-               if is_writer else None)
+    writers = (metrics_lib.MetricWriters(workdir, tensorboard=config.training.tensorboard,
+                                         config_text=str(config)) if is_writer else None)
     watcher = checkpointing.PreemptionWatcher()
+    profiler = profiling.StepWindowProfiler(config.training.profile_steps,
+                                            os.path.join(workdir, "tensorboard"), enabled=is_writer)
     buffer = metrics_lib.MetricsBuffer()
     result = TrainResult(state=state, plan=plan, train_history=[], eval_history=[], compile_sec=compile_sec,
                          start_step=start_step)
@@ -116,7 +122,9 @@ def train_and_evaluate(
                 input_start = time.perf_counter()
                 batch = next(batches)
                 clock.steady.add_input_wait(step, time.perf_counter() - input_start)
+            profiler.before_step(step)
             state, step_metrics = train_step_fn(state, batch)
+            profiler.after_step(step, state)
             buffer.append(step, step_metrics)
             clock.timer.count()
             if step == plan.timing_warmup_steps:
@@ -165,14 +173,28 @@ def train_and_evaluate(
         result.state = state
         result.summary = _summary(run, clock, result, metrics_lib.flops_per_device(train_step_fn))
         if is_writer:
-            log("Summary written to %s.", metrics_lib.write_summary(workdir, result.summary))
+            paths = {"summary": metrics_lib.write_summary(workdir, result.summary)}
+            if writers.tensorboard_dir:
+                paths["TensorBoard"] = writers.tensorboard_dir
+            if checkpointer is not None:
+                paths.update(checkpointer.paths(exported=not result.preempted and config.checkpoint.export))
+            for line in console.headline(result.summary, paths):
+                logger.info("%s", line)
     finally:
+        profiler.stop()
         watcher.close()
         if checkpointer is not None:
             checkpointer.close()  # Waits for saves under way: nothing started is lost.
         if writers is not None:
             writers.close()
     return result
+
+
+def _write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+    """WORKDIR/config.json: the config of the run's latest launch (the console shows it only when asked)."""
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+        f.write(config.to_json_best_effort(indent=2) + "\n")
 
 
 def _abstract(state: steps.TrainState) -> Any:

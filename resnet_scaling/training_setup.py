@@ -21,8 +21,8 @@ import optax
 
 from resnet_scaling import config as config_lib
 from resnet_scaling import data as data_lib
+from resnet_scaling import init_from, models, optim, steps
 from resnet_scaling import mesh as mesh_lib
-from resnet_scaling import models, optim, steps
 from resnet_scaling import plan as plan_lib
 
 
@@ -39,7 +39,8 @@ class TrainingSetup:
       model: the ResNet, with the plan's batch-norm groups.
       learning_rate_fn: the schedule, step -> learning rate.
       optimizer: the optax transformation.
-      state: the initial train state, replicated on the mesh (abstract: ShapeDtypeStructs).
+      state: the initial train state, replicated on the mesh (abstract: ShapeDtypeStructs); its weights
+        come from `config.model.init_from` where that is set.
       step_config: the constants the steps bind.
       train_step: `train_step` jitted for the mesh (state donated); `.lower(state, batch).compile()` it.
       eval_step: `eval_step` jitted for the mesh.
@@ -114,6 +115,8 @@ def setup(config: ml_collections.ConfigDict, *, devices: Sequence[jax.Device] | 
     make_state = steps.abstract_train_state if abstract else steps.create_train_state
     state = make_state(jax.random.key(config.seed), model, optimizer, config.data.image_size, mesh,
                        optim.create_dynamic_scale(config))
+    if not abstract:
+        state = init_from.initialise_from_config(state, config, model)
     step_config = steps.StepConfig.from_config(config)
     return TrainingSetup(
         config=config, mesh=mesh, plan=plan, source=source,

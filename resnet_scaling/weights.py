@@ -88,7 +88,8 @@ def _hint(key: str, want: tuple[int, ...], got: tuple[int, ...]) -> str:
     return " (check the architecture name and `num_filters`)"
 
 
-def from_torchvision(state_dict: Mapping[str, Any], model: ResNet) -> dict[str, dict[str, Any]]:
+def from_torchvision(state_dict: Mapping[str, Any], model: ResNet, skip_classifier: bool = False
+                     ) -> dict[str, dict[str, Any]]:
     """Converts a torchvision-layout ResNet state dict into Flax variables for `model`.
 
     Args:
@@ -96,6 +97,8 @@ def from_torchvision(state_dict: Mapping[str, Any], model: ResNet) -> dict[str, 
         mapped to NumPy arrays, array-likes or torch tensors. `num_batches_tracked` is ignored.
       model: the `models.ResNet` the weights are for; its architecture, `num_filters` and
         `num_classes` must match the checkpoint exactly.
+      skip_classifier: leave out the classifier (`fc.*` in the state dict), for fine-tuning with
+        another number of classes; the returned params then have no `classifier`.
 
     Returns:
       `{'params': ..., 'batch_stats': ...}` as nested dicts of float32 NumPy arrays, ready for
@@ -107,13 +110,16 @@ def from_torchvision(state_dict: Mapping[str, Any], model: ResNet) -> dict[str, 
     """
     expected = jax.eval_shape(
         lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 32, 32, 3)), train=False))
-    remaining = {k: v for k, v in state_dict.items() if not k.endswith("num_batches_tracked")}
+    remaining = {k: v for k, v in state_dict.items() if not k.endswith("num_batches_tracked")
+                 and not (skip_classifier and k.startswith("fc."))}
     errors: list[str] = []
     variables: dict[str, Any] = {}
     for collection in ("params", "batch_stats"):
         flat = traverse_util.flatten_dict(dict(expected.get(collection, {})))
         converted = {}
         for path, leaf in flat.items():
+            if skip_classifier and path[0] == "classifier":
+                continue
             key = _torch_key(collection, path)
             want = _to_torch_layout(tuple(leaf.shape))
             if key not in remaining:
@@ -137,7 +143,8 @@ def from_torchvision(state_dict: Mapping[str, Any], model: ResNet) -> dict[str, 
     return variables
 
 
-def load_torchvision_file(path: str | os.PathLike[str], model: ResNet) -> dict[str, dict[str, Any]]:
+def load_torchvision_file(path: str | os.PathLike[str], model: ResNet, skip_classifier: bool = False
+                          ) -> dict[str, dict[str, Any]]:
     """Reads an `.npz` of a torchvision ResNet state dict and converts it with `from_torchvision`."""
     with np.load(path) as data:
-        return from_torchvision({key: data[key] for key in data.files}, model)
+        return from_torchvision({key: data[key] for key in data.files}, model, skip_classifier)

@@ -10,6 +10,7 @@ start-up; tests/test_xla_flags.py checks them).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, MutableMapping
 
 # TPU (libtpu): overlap the gradient all-reduce with the backward pass and fuse the many per-layer
@@ -42,7 +43,8 @@ def throughput_env(backend: str) -> dict[str, str]:
 
 def detect_backend(env: Mapping[str, str] | None = None, dev_dir: str = "/dev") -> str:
     """The accelerator this process will use, decided before JAX starts: JAX_PLATFORMS if set, else the
-    device files present (/dev/accel* or /dev/vfio for TPUs, /dev/nvidia0 for NVIDIA GPUs), else "cpu"."""
+    device files present (/dev/accel* or /dev/vfio for TPUs, /dev/nvidia<N> for NVIDIA GPUs: a container
+    given only GPU 3 has /dev/nvidia3), else "cpu"."""
     env = os.environ if env is None else env
     platforms = env.get("JAX_PLATFORMS", "").lower()
     if platforms:
@@ -51,9 +53,20 @@ def detect_backend(env: Mapping[str, str] | None = None, dev_dir: str = "/dev") 
     names = set(os.listdir(dev_dir)) if os.path.isdir(dev_dir) else set()
     if any(n.startswith("accel") for n in names) or "vfio" in names:
         return "tpu"
-    if "nvidia0" in names:
+    if any(re.fullmatch(r"nvidia\d+", n) for n in names):
         return "gpu"
     return "cpu"
+
+
+def no_accelerator_found(env: Mapping[str, str] | None = None, dev_dir: str = "/dev") -> bool:
+    """Whether no platform was chosen (JAX_PLATFORMS) and no accelerator's device files exist.
+
+    Entry points then pin JAX to the CPU: with libtpu installed (the `tpu` and `test` extras), JAX would
+    otherwise probe for a TPU first, printing libtpu's metadata-server warnings and errors on a machine
+    without one before it falls back to the CPU.
+    """
+    env = os.environ if env is None else env
+    return not env.get("JAX_PLATFORMS") and detect_backend(env, dev_dir) == "cpu"
 
 
 def _flag_name(flag: str) -> str:

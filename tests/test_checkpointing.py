@@ -209,18 +209,27 @@ def _free_port():
 
 def _run_two_processes(workdir, overrides):
     coordinator = f"127.0.0.1:{_free_port()}"
-    procs = [subprocess.Popen(_worker_command(workdir, overrides, num_cpu_devices=2, num_processes=2,
-                                              process_id=i, coordinator=coordinator),
-                              env=_worker_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for i in range(2)]
-    outputs = []
-    for proc in procs:
-        try:
-            outputs.append(proc.communicate(timeout=240)[0])
-        finally:
+    # Each process writes to a file, not a pipe: the two are coupled by collectives, so one blocked on a
+    # full pipe that nobody reads yet would stall the other too.
+    logs = [workdir.parent / f"{workdir.name}-process{i}.log" for i in range(2)]
+    workdir.parent.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for i, log in enumerate(logs):
+        with open(log, "w") as out:
+            procs.append(subprocess.Popen(
+                _worker_command(workdir, overrides, num_cpu_devices=2, num_processes=2, process_id=i,
+                                coordinator=coordinator),
+                env=_worker_env(), cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True))
+    try:
+        for proc in procs:
+            proc.wait(timeout=240)
+    finally:
+        for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-        assert proc.returncode == 0, outputs[-1][-3000:] if outputs else ""
+    outputs = [log.read_text() for log in logs]
+    for proc, output in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, output[-3000:]
     return outputs
 
 

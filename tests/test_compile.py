@@ -102,7 +102,7 @@ def _system_configs():
     import importlib.util
     import pathlib
 
-    for path in sorted((pathlib.Path(__file__).resolve().parents[1] / "configs").glob("*.py")):
+    for path in sorted((pathlib.Path(__file__).resolve().parents[1] / "configs").glob("[!_]*.py")):
         spec = importlib.util.spec_from_file_location(f"_config_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

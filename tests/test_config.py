@@ -14,7 +14,7 @@ from resnet_scaling.config import ConfigError, get_base_config, validate
 from resnet_scaling.plan import derive
 
 CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
-CONFIG_FILES = sorted(CONFIGS_DIR.glob("*.py"))
+CONFIG_FILES = sorted(p for p in CONFIGS_DIR.glob("*.py") if p.stem != "__init__")
 
 
 def _load_config_module(path: pathlib.Path):

@@ -225,7 +225,8 @@ def test_imagenet2012_shares_are_disjoint_and_cover_each_split(imagenet_dir, pro
 
 
 def test_an_unprepared_or_unknown_tfds_dataset_says_what_to_run(tmp_path):
-    with pytest.raises(data.DataError, match=r"(?s)not prepared.*tfds build imagenet2012 .*--manual_dir"):
+    with pytest.raises(data.DataError, match=r"(?s)not prepared.*python -m resnet_scaling\.prepare "
+                                             r"--dataset=imagenet2012 --manual_dir=<that folder> --data_dir"):
         _source(_imagenet_config(str(tmp_path)))
     with pytest.raises(data.DataError, match="no dataset 'no_such_dataset'"):
         tfds_data.open_builder("no_such_dataset", str(tmp_path))

@@ -107,7 +107,7 @@ def test_command_line_without_a_prepared_imagenet_says_how_to_prepare_it(tmp_pat
     proc = _run_cli("--config=configs/default.py", f"--workdir={tmp_path / 'run'}",
                     f"--config.data.data_dir={tmp_path / 'tfds'}", tmp_path=tmp_path)
     assert proc.returncode != 0
-    assert "tfds build imagenet2012" in proc.stderr and "--manual_dir" in proc.stderr
+    assert "resnet_scaling.prepare --dataset=imagenet2012" in proc.stderr and "--manual_dir" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -10,13 +10,13 @@ Images that cannot be decoded are skipped, counted and named in warnings; they n
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterator
 
 import jax
 import ml_collections
 import numpy as np
 import tensorflow as tf
-from absl import logging
 from jax.sharding import Mesh
 
 from resnet_scaling import mesh as mesh_lib
@@ -24,6 +24,8 @@ from resnet_scaling.data import image_folders, preprocessing, records, shapes
 from resnet_scaling.data.base import Batch, DataError, pad_batch, prefetch, process_share
 from resnet_scaling.data.records import RecordShare
 from resnet_scaling.plan import BatchPlan
+
+logger = logging.getLogger(__name__)
 
 # Past this, an epoch is far beyond any run; the training stream is endless in practice.
 _MAX_EPOCHS = 1 << 40
@@ -101,7 +103,7 @@ def source_from_config(config: ml_collections.ConfigDict, mesh: Mesh, batch: Bat
     if shares.num_classes is not None and shares.num_classes != config.model.num_classes:
         raise DataError(f"The dataset has {shares.num_classes} classes but config.model.num_classes is "
                         f"{config.model.num_classes}; set --config.model.num_classes={shares.num_classes}.")
-    logging.info("Input: %s: %d training and %d evaluation images; process %d of %d reads %d and %d.",
+    logger.info("Input: %s: %d training and %d evaluation images; process %d of %d reads %d and %d.",
                  shares.description, shares.num_train_examples, shares.num_eval_examples, index, count,
                  shares.train.num_examples, shares.eval.num_examples)
     data = config.data
@@ -212,7 +214,7 @@ class TFDataSource:
             if missing.size:
                 self.num_skipped_train += missing.size
                 names = ", ".join(self._train.describe(*divmod(int(p), per_epoch)) for p in missing[:5])
-                logging.warning("Skipped %d undecodable training image(s) (%d so far in this process): %s",
+                logger.warning("Skipped %d undecodable training image(s) (%d so far in this process): %s",
                                 missing.size, self.num_skipped_train, names)
             expected = int(index[-1]) + 1
             yield mesh_lib.host_local_to_global(local, self._mesh)
@@ -235,7 +237,7 @@ class TFDataSource:
             yield pad_batch(empty, b)
         skipped = self._eval.num_examples - evaluated
         if skipped:
-            logging.warning("Evaluation left out %d undecodable image(s) of this process's %d: it covers %d.",
+            logger.warning("Evaluation left out %d undecodable image(s) of this process's %d: it covers %d.",
                             skipped, self._eval.num_examples, evaluated)
 
 

@@ -20,7 +20,8 @@ _MANUAL_INSTRUCTIONS = {
     "imagenet2012": (
         "Download ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar from https://image-net.org "
         "(registration required) into one folder, then run\n"
-        "  tfds build imagenet2012 --data_dir={data_dir} --manual_dir=<that folder>\n"
+        "  python -m resnet_scaling.prepare --dataset={name} --manual_dir=<that folder> "
+        "--data_dir={data_dir}\n"
         "(about 150 GB of disk and a few hours), and pass --config.data.data_dir={data_dir}."
     ),
 }
@@ -33,10 +34,13 @@ def open_builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
         builder = tfds.builder(name, data_dir=data_dir or None)
     except tfds.core.registered.DatasetNotFoundError as e:
         raise DataError(f"config.data.dataset: TFDS has no dataset {name!r} "
-                        "(see `tfds build --help` or the TFDS catalog for names).") from e
+                        "(see https://www.tensorflow.org/datasets/catalog for names).") from e
     if not builder.is_prepared():
         base = name.split(":")[0].split("/")[0]
-        how = _MANUAL_INSTRUCTIONS.get(base, "Prepare it with\n  tfds build {name} --data_dir={data_dir}\n"
+        # Our command, not `tfds build`: that one needs Apache Beam, which this package does not install.
+        how = _MANUAL_INSTRUCTIONS.get(base, "Prepare it with\n"
+                                       "  python -m resnet_scaling.prepare --dataset={name} "
+                                       "--data_dir={data_dir}\n"
                                        "on a machine with internet access, or copy a prepared copy there.")
         raise DataError(f"TFDS dataset {name!r} is not prepared in {shown_dir} "
                         f"(no {builder.data_dir}). " + how.format(name=name, data_dir=shown_dir))

@@ -31,18 +31,33 @@ class JsonLinesWriter:
 
 
 class TensorBoardWriter:
-    """Scalars as TensorBoard event files through clu (imported lazily: it pulls in TensorFlow)."""
+    """Scalars as TensorBoard event files through clu (imported lazily: it pulls in TensorFlow).
 
-    def __init__(self, logdir: str) -> None:
+    Tags are grouped: evaluation records (`eval_top1`, ...) as `eval/top1`, training records as
+    `train/loss`, ...; bookkeeping values (`step`, `eval_count`) are not plotted.
+    """
+
+    NOT_PLOTTED = ("step", "eval_count")
+
+    def __init__(self, logdir: str, config_text: str | None = None) -> None:
         from resnet_scaling import host_tensorflow
 
         host_tensorflow.import_tensorflow_for_host()
         from clu import metric_writers
 
         self._writer = metric_writers.SummaryWriter(logdir)
+        if config_text is not None:  # Indented: TensorBoard renders text as Markdown.
+            indented = "\n".join("    " + line for line in config_text.splitlines())
+            self._writer.write_texts(0, {"config": indented})
+
+    @staticmethod
+    def tag(key: str) -> str:
+        """`eval_top1` -> `eval/top1`, `loss` -> `train/loss`."""
+        return f"eval/{key[len('eval_'):]}" if key.startswith("eval_") else f"train/{key}"
 
     def write(self, step: int, values: Mapping[str, Any]) -> None:
-        scalars = {k: v for k, v in values.items() if isinstance(v, int | float)}
+        scalars = {self.tag(k): v for k, v in values.items()
+                   if isinstance(v, int | float) and k not in self.NOT_PLOTTED}
         self._writer.write_scalars(int(step), scalars)
 
     def close(self) -> None:
@@ -52,11 +67,13 @@ class TensorBoardWriter:
 class MetricWriters:
     """Fans each record out to JSON lines and, where clu and TensorBoard are installed, event files."""
 
-    def __init__(self, workdir: str, tensorboard: bool = True) -> None:
+    def __init__(self, workdir: str, tensorboard: bool = True, config_text: str | None = None) -> None:
         self._writers: list[Any] = [JsonLinesWriter(os.path.join(workdir, "metrics.jsonl"))]
+        self.tensorboard_dir: str | None = None
         if tensorboard:
             try:
-                self._writers.append(TensorBoardWriter(os.path.join(workdir, "tensorboard")))
+                self._writers.append(TensorBoardWriter(os.path.join(workdir, "tensorboard"), config_text))
+                self.tensorboard_dir = os.path.join(workdir, "tensorboard")
             except ImportError as e:
                 logger.warning("TensorBoard summaries off (%s); metrics.jsonl has every record.", e)
 

@@ -1,0 +1,87 @@
+"""Start training from existing weights (`config.model.init_from`): a torchvision `.npz`, a workdir (its
+exported weights), an `export/` or a `best/` directory. With `model.init_skip_classifier` the classifier
+starts afresh, for fine-tuning on another number of classes; any other mismatch is refused, naming it.
+
+Only parameters and batch-norm statistics are taken; the step, the optimizer state and the schedule start
+from zero. A run that resumes from its own checkpoint ignores `init_from`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from flax import traverse_util
+
+from resnet_scaling import checkpointing, models, steps, weights
+from resnet_scaling.plan import ConfigError
+
+FIELD = "config.model.init_from"
+
+
+def load_variables(path: str, model: models.ResNet, skip_classifier: bool) -> dict[str, Any]:
+    """`{'params': ..., 'batch_stats': ...}` as NumPy, from a torchvision `.npz` or an exported/best
+    directory; without the classifier when `skip_classifier`."""
+    if not os.path.exists(path):
+        raise ConfigError(f"{FIELD}: {path!r} does not exist; give a torchvision .npz, a workdir, or its "
+                          "export/ or best/ directory.")
+    if path.endswith(".npz"):
+        try:
+            return weights.load_torchvision_file(path, model, skip_classifier)
+        except ValueError as e:
+            lines = str(e).splitlines()[1:]
+            only_classifier = lines and all("'fc." in line for line in lines)
+            hint = ("\nOnly the classifier differs: set --config.model.init_skip_classifier=true to "
+                    "fine-tune with a new one." if only_classifier else "")
+            raise ConfigError(f"{FIELD}: {path} does not fit config.model: {e}{hint}") from None
+    try:
+        variables, _ = checkpointing.load_exported(path)
+    except FileNotFoundError as e:
+        raise ConfigError(f"{FIELD}: {e}") from None
+    if skip_classifier:
+        variables["params"] = {k: v for k, v in variables["params"].items() if k != "classifier"}
+    return variables
+
+
+def initialise_state(state: steps.TrainState, variables: dict[str, Any], path: str,
+                     skip_classifier: bool) -> steps.TrainState:
+    """`state` with its parameters and BN statistics replaced by `variables` (placed as the state's are).
+
+    Raises:
+      ConfigError: a variable is missing, unexpected or of another shape; the message lists each, and
+        says how to fine-tune when only the classifier differs.
+    """
+    current = {"params": state.params, "batch_stats": state.batch_stats}
+    flat_current = traverse_util.flatten_dict(current, sep="/")
+    flat_loaded = traverse_util.flatten_dict(variables, sep="/")
+    kept = {k for k in flat_current if skip_classifier and k.startswith("params/classifier/")}
+    problems = [f"missing {k} {tuple(v.shape)}" for k, v in flat_current.items()
+                if k not in flat_loaded and k not in kept]
+    problems += [f"unexpected {k} {tuple(np.shape(v))}" for k, v in flat_loaded.items()
+                 if k not in flat_current]
+    problems += [f"{k}: the weights have shape {tuple(np.shape(flat_loaded[k]))}, the model {tuple(v.shape)}"
+                 for k, v in flat_current.items() if k in flat_loaded and np.shape(flat_loaded[k]) != v.shape]
+    if problems:
+        hint = ""
+        if all("classifier" in p for p in problems):
+            hint = (" Only the classifier differs: set --config.model.init_skip_classifier=true to fine-tune "
+                    "with a new one for config.model.num_classes.")
+        raise ConfigError(f"{FIELD}: the weights in {path} do not fit the model ({'; '.join(problems[:8])}"
+                          f"{'; ...' if len(problems) > 8 else ''}).{hint}")
+    merged = {k: (v if k in kept else jax.device_put(np.asarray(flat_loaded[k], v.dtype), v.sharding))
+              for k, v in flat_current.items()}
+    merged = traverse_util.unflatten_dict(merged, sep="/")
+    return state.replace(params=merged["params"], batch_stats=merged["batch_stats"])
+
+
+def initialise_from_config(state: steps.TrainState, config: ml_collections.ConfigDict,
+                           model: models.ResNet) -> steps.TrainState:
+    """`state` initialised from `config.model.init_from` (unchanged when it is empty)."""
+    path = config.model.init_from
+    if not path:
+        return state
+    skip = bool(config.model.init_skip_classifier)
+    return initialise_state(state, load_variables(path, model, skip), path, skip)

@@ -1,0 +1,181 @@
+"""Inference on uint8 images with a run's parameters, normalised exactly as the train and eval steps do.
+
+    predictor = Predictor.from_workdir("/tmp/run")          # or weights="best"
+    logits = predictor(images)                              # uint8 [N, S, S, 3], S = config.data.image_size
+    classes = predictor.predict_classes(images)
+
+`model.apply` on raw pixels runs, but the network was trained on `steps.normalize_images`' output and
+mostly answers wrongly; this module exists so that nobody has to remember that.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from resnet_scaling import checkpointing, models, steps
+from resnet_scaling import config as config_lib
+
+__all__ = ["WEIGHTS", "Predictor", "load_predictor", "load_run"]
+
+WEIGHTS = ("export", "best")  # What a workdir holds: the final parameters, the best evaluation's.
+
+
+class Predictor:
+    """A run's inference model with its variables and normalisation, the forward pass jitted once.
+
+    Works on one device whatever the run trained on: the inference model has no batch-norm groups
+    (`models.model_from_config(config)` without a plan), and batch norm uses its running averages, so
+    every image's logits are independent of the others in its batch.
+
+    Attributes:
+      config: the run's config.
+      model: the inference model.
+      variables: `{'params': ..., 'batch_stats': ...}` on the device.
+      image_size: height and width the model takes (`config.data.image_size`).
+      num_classes: width of the logits.
+      mean_rgb, stddev_rgb: the normalisation of `steps.normalize_images` (`config.data`).
+      batch_size: the most images one forward pass takes; larger inputs run in chunks.
+    """
+
+    def __init__(self, variables: Mapping[str, Any], config: ml_collections.ConfigDict, *,
+                 batch_size: int = 256, device: jax.Device | None = None) -> None:
+        """
+        Args:
+          variables: `{'params': ..., 'batch_stats': ...}`, as `checkpointing.load_exported` returns.
+          config: the run's config (model, image size, normalisation); fields it lacks (an older run's)
+            take today's defaults.
+          batch_size: the most images per forward pass (bounds memory on large inputs).
+          device: where to run (default: the first device).
+        """
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}.")
+        self.config = config = config_lib.config_from_saved(config.to_dict())
+        self.model = models.model_from_config(config)
+        self.image_size = int(config.data.image_size)
+        self.num_classes = int(config.model.num_classes)
+        self.mean_rgb = tuple(float(v) for v in config.data.mean_rgb)
+        self.stddev_rgb = tuple(float(v) for v in config.data.stddev_rgb)
+        self.batch_size = int(batch_size)
+        self._device = device if device is not None else jax.devices()[0]
+        self.variables = jax.device_put({"params": variables["params"],
+                                         "batch_stats": variables["batch_stats"]}, self._device)
+        # The variables are an argument, not constants baked into the program: compiles stay small.
+        self._forward = jax.jit(functools.partial(_forward, model=self.model, mean_rgb=self.mean_rgb,
+                                                  stddev_rgb=self.stddev_rgb))
+
+    @classmethod
+    def from_workdir(cls, path: str, weights: str = "export", **kwargs: Any) -> Predictor:
+        """The predictor of a run's final (`weights="export"`) or best (`"best"`) parameters.
+
+        Args:
+          path: a workdir, or directly its `export/` or `best/` directory (then `weights` is ignored).
+          weights: "export" or "best".
+          **kwargs: `batch_size`, `device`.
+        """
+        variables, config, _ = load_run(path, weights)
+        return cls(variables, config, **kwargs)
+
+    def __call__(self, images: np.ndarray | jax.Array) -> np.ndarray:
+        """Logits, float32 [N, num_classes], of uint8 RGB images [N, S, S, 3] (S: `image_size`)."""
+        images = self._check(images)
+        logits = np.empty((len(images), self.num_classes), np.float32)
+        for start in range(0, len(images), self.batch_size):
+            chunk = images[start:start + self.batch_size]
+            # Padded up to a power of two: a few compiled shapes serve every input size.
+            size = min(self.batch_size, 1 << (len(chunk) - 1).bit_length())
+            padded = np.zeros((size, *chunk.shape[1:]), np.uint8)
+            padded[:len(chunk)] = chunk
+            out = self._forward(self.variables, jax.device_put(padded, self._device))
+            logits[start:start + len(chunk)] = np.asarray(out)[:len(chunk)]
+        return logits
+
+    def predict_classes(self, images: np.ndarray | jax.Array) -> np.ndarray:
+        """The most likely class of each image, int32 [N]."""
+        return np.argmax(self(images), axis=-1).astype(np.int32)
+
+    def top_k(self, images: np.ndarray | jax.Array, k: int = 5) -> tuple[np.ndarray, np.ndarray]:
+        """`(probabilities, classes)` of the `k` most likely classes of each image, best first, [N, k]."""
+        if not 0 < k <= self.num_classes:
+            raise ValueError(f"k must lie in [1, {self.num_classes}], got {k}.")
+        logits = self(images)
+        probabilities = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        probabilities /= probabilities.sum(axis=-1, keepdims=True)
+        classes = np.argsort(-probabilities, axis=-1, kind="stable")[:, :k].astype(np.int32)
+        return np.take_along_axis(probabilities, classes, axis=-1), classes
+
+    def _check(self, images: np.ndarray | jax.Array) -> np.ndarray:
+        """The images as a NumPy uint8 [N, S, S, 3] array; a ValueError saying what is wrong otherwise."""
+        dtype = getattr(images, "dtype", None)
+        if dtype != np.uint8:
+            raise ValueError(f"Expected uint8 RGB pixels in [0, 255], got {dtype}: the predictor normalises "
+                             "them as training did (pass the raw pixels, not normalised or float images).")
+        shape = tuple(images.shape)
+        expected = (self.image_size, self.image_size, 3)
+        if len(shape) == 3 and shape == expected:
+            raise ValueError(f"Expected a batch [N, {self.image_size}, {self.image_size}, 3], got one image "
+                             f"{shape}: pass images[None].")
+        if len(shape) != 4 or shape[1:] != expected:
+            raise ValueError(f"Expected uint8 images [N, {self.image_size}, {self.image_size}, 3] (NHWC, "
+                             f"RGB; config.data.image_size is {self.image_size}), got shape {shape}; resize "
+                             "and crop them as the evaluation does (shorter side to eval_resize_size, then "
+                             "the centre).")
+        return np.asarray(images)
+
+
+def load_predictor(path: str, weights: str = "export", **kwargs: Any) -> Predictor:
+    """`Predictor.from_workdir(path, weights, **kwargs)`: a run's predictor in one call."""
+    return Predictor.from_workdir(path, weights, **kwargs)
+
+
+def _forward(variables: Any, images: jax.Array, *, model: models.ResNet, mean_rgb: tuple[float, ...],
+             stddev_rgb: tuple[float, ...]) -> jax.Array:
+    logits = model.apply(variables, steps.normalize_images(images, mean_rgb, stddev_rgb), train=False)
+    return logits.astype(jnp.float32)
+
+
+def load_run(path: str, weights: str = "export") -> tuple[dict[str, Any], ml_collections.ConfigDict,
+                                                        int | None]:
+    """`(variables, config, step)` of a run's final or best parameters, the variables NumPy on the host.
+
+    Args:
+      path: a workdir, or directly its `export/` or `best/` directory (then `weights` is not read).
+      weights: "export" (the final parameters) or "best" (those of the best evaluation).
+
+    Returns:
+      The variables (`{'params': ..., 'batch_stats': ...}`), the run's config over today's defaults
+      (`config.config_from_saved`), and the best evaluation's step (None for the export, which has none).
+
+    Raises:
+      FileNotFoundError: no such parameters, saying what writes them.
+    """
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}.")
+    directory = path
+    if not _is_parameters_directory(path):
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"No workdir {path}.")
+        directory = os.path.join(path, weights)
+        if weights == "export" and not _is_parameters_directory(directory):
+            raise FileNotFoundError(
+                f"{path} has no export/: a run writes it when it finishes (config.checkpoint.export). "
+                "Use the best evaluation's parameters (--weights=best) or finish the run.")
+        if weights == "best" and not _is_parameters_directory(directory):
+            raise FileNotFoundError(
+                f"{path} has no best/ parameters: a run keeps them at every evaluation that improves top-1 "
+                "(config.checkpoint.keep_best). Use the final parameters (--weights=export).")
+    variables, saved = checkpointing.load_exported(directory)
+    steps_saved = checkpointing.parameter_steps(directory)
+    return variables, saved, (steps_saved[-1] if steps_saved else None)
+
+
+def _is_parameters_directory(path: str) -> bool:
+    """Whether `path` is an export/ or a best/ directory (a workdir holds neither itself)."""
+    return checkpointing.is_export_directory(path) or bool(checkpointing.parameter_steps(path))

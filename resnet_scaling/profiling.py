@@ -1,0 +1,47 @@
+"""A `jax.profiler` trace of a window of training steps, written where TensorBoard's profile plugin looks.
+
+`config.training.profile_steps = (first, last)` traces steps first..last (inclusive; (0, 0): off) into
+WORKDIR/tensorboard/plugins/profile/<time>/, so `tensorboard --logdir WORKDIR/tensorboard` shows it under
+"Profile" beside the scalars. The window's last step is waited for before the trace stops, so the trace
+holds its device work; those steps also count on the training clock, so leave the window out of a
+throughput measurement (or keep it short).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import jax
+
+logger = logging.getLogger(__name__)
+
+
+class StepWindowProfiler:
+    """Starts a trace before step `first` is dispatched and stops it after step `last` has run."""
+
+    def __init__(self, profile_steps: tuple[int, int], logdir: str, enabled: bool = True) -> None:
+        self.first, self.last = (int(s) for s in profile_steps)
+        self.logdir = logdir
+        self.enabled = enabled and self.first > 0
+        self._tracing = False
+
+    def before_step(self, step: int) -> None:
+        if self.enabled and step == self.first:
+            os.makedirs(self.logdir, exist_ok=True)
+            jax.profiler.start_trace(self.logdir)
+            self._tracing = True
+            logger.info("Profiling steps %d to %d into %s.", self.first, self.last, self.logdir)
+
+    def after_step(self, step: int, state: Any) -> None:
+        if self._tracing and step >= self.last:
+            jax.block_until_ready(state)  # The window's device work belongs in the trace.
+            self.stop()
+            logger.info("Profile written: open it with `tensorboard --logdir %s` (Profile tab).", self.logdir)
+
+    def stop(self) -> None:
+        """Ends a trace under way (the run ended or failed inside the window)."""
+        if self._tracing:
+            jax.profiler.stop_trace()
+            self._tracing = False
