@@ -1,18 +1,33 @@
-"""The case study's report: a Markdown table and two charts from run summaries and published figures.
+"""The case study's report: a Markdown table and charts from run summaries and published figures.
 
   python benchmarks/case_study.py --summaries RUN1/summary.json RUN2 ... --out_dir /tmp/report
   python benchmarks/case_study.py --prices my_prices.json   # another price table (same shape as PRICES)
+  python benchmarks/case_study.py --tpu_v2_chip_images_per_sec 900   # a measured one-chip TPU v2 rate
 
-Rows come from `summary.json` files (labelled "measured": steady-state images/sec, 90 epochs at that
-rate) and from the case study's published figures (labelled "published"; `docs/case_study.md`).
-Per system: images/sec, time for 90 epochs, speedup over one V100, scaling efficiency (images/sec per
-chip against the smallest system of the same accelerator in the table) and the cost of one run from an
-editable price table. Charts: speedup against chips with the linear-scaling line and the scaling
-predictor's curves; cost per run by system.
+Rows come from `summary.json` files ("measured": steady-state images/sec, 90 epochs at that rate) and
+the case study's published figures ("published"; `docs/case_study.md`). Whatever the case study did not
+print says how it was made: images/sec derived from published times, the 8-V100 time derived from "27x
+faster", speedups and efficiencies derived from those, costs from assumed prices. Charts: speedup against
+chips with the linear line and the scaling predictor's curves (speedup.png); cost per run (cost.png).
 
-The scaling predictor: weak scaling (fixed per-chip batch), step time at N chips = one chip's compute
-step time + the gradient all-reduce time over a ring or 2-D torus (bandwidth-latency model, no overlap
-with compute: a conservative bound).
+Only the case study's workload is compared: ResNet-50 v1.5 at full width (64 filters) on imagenet2012 at
+224 px, read from the summary's `config`. Any other summary (the demo's quarter-width ResNet-18 on 32-px
+images, another dataset, class folders whose content a summary cannot name) is refused, naming the
+fields that differ; with `--allow_other_workloads` it goes into a separate section and chart
+(other_workloads.png) labelled with its workload, out of every comparison. ResNet-50 at 224 px on
+`synthetic` data is accepted, labelled "measured (synthetic data)": its step does the same work per image
+as on ImageNet, so it measures the model's throughput on that hardware without the input pipeline, which
+is what the case study's steady-state clock measures when input keeps up. It says nothing of accuracy,
+and its scaling efficiency is taken only against other synthetic rows.
+
+The scaling predictor: weak scaling (fixed per-chip batch), step time at N chips = one chip's step time +
+the gradient all-reduce over a ring or 2-D torus (bandwidth-latency model, no overlap with compute). It is
+not a bound either way: overlap would make a real system faster, and the host, input-pipeline and
+framework costs it leaves out make one slower (the published 8-V100 VM: 91% efficiency; predicted: 99%).
+No curve takes an input from a point it is compared with. The V100 curve starts from the one-V100 row and
+is compared at 8 GPUs. The TPU v2 curve starts from FLOPs per image (XLA's count of this library's step,
+in the pod's compile report) over the chip's 45 TFLOP/s bf16 peak at an assumed utilisation, or from a
+measured one-chip rate; its 256-chip value is compared with the published pod, not calibrated on it.
 """
 
 from __future__ import annotations
@@ -22,6 +37,7 @@ import dataclasses
 import json
 import math
 import sys
+import textwrap
 import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,6 +46,22 @@ from typing import Any
 IMAGENET_TRAIN_IMAGES = 1_281_167
 MEASURED_EPOCHS = 90  # The case study's clock covers 90 epochs after a 1-epoch warm-up.
 RESNET50_PARAMS = 25_557_032
+RESULTS = Path(__file__).resolve().parent / "results"
+# XLA's cost analysis of this library's ResNet-50 step for the pod (`python -m resnet_scaling.compile`):
+# FLOPs per step over the global batch = FLOPs per training image (24.1 G; ~24.5 G published).
+FLOPS_REPORT = RESULTS / "compile-pod-v2-512-resnet50-bf16-b32768.json"
+TPU_V2_PEAK_FLOPS_PER_CHIP = 45e12  # bf16, 2 cores x 22.5 (Cloud TPU docs; resnet_scaling.hardware).
+# The share of that peak one chip is assumed to sustain on ResNet-50: a round assumption, not a
+# measurement. The published pod time implies ~52% (the report prints it next to this), so agreement at
+# 256 chips says the assumption is plausible, not that the model is right; a measured one-chip rate
+# (--tpu_v2_chip_images_per_sec) would make the 256-chip comparison a test of the model.
+TPU_V2_UTILISATION_ASSUMED = 0.5
+CASE_STUDY_WORKLOAD = "ResNet-50 v1.5 (64 filters), imagenet2012, 224 px"
+SYNTHETIC = "measured (synthetic data)"
+CHIP_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # Where the predictor's curves are evaluated.
+ASSUMED_RATE_CAVEAT = (" That rate is an assumption, not a measurement: agreement with a row says the"
+                       " assumption is plausible, not that the model is right; a measured one-chip rate"
+                       " (--tpu_v2_chip_images_per_sec) would make the comparison a test.")
 
 # Price per hour, USD: accelerators per chip, VMs per machine. The 2018 list prices the case study used;
 # none is confirmed by a price page (docs/case_study.md: "assumed"), so every one says so. Override them
@@ -52,12 +84,14 @@ class System:
 
     Attributes:
       name: what to call it ("8x V100 (n1-standard-64)").
-      source: "measured" (from a summary.json) or "published".
+      source: "published", "measured" (from a summary.json) or SYNTHETIC.
       accelerator: key of the price table ("V100", "TPU v2") or the device kind.
       chips: accelerator chips (TPU v2/v3 have 2 JAX devices per chip).
       images_per_sec: steady-state training images/sec.
       vm: key of the VM price table, or None when the accelerator price includes the host.
-      note: where the figure comes from.
+      note: where the figures come from, saying which are derived.
+      published_minutes: the published training time, if the time itself was published.
+      workload: what was trained (CASE_STUDY_WORKLOAD for the published rows).
     """
 
     name: str
@@ -67,8 +101,11 @@ class System:
     images_per_sec: float
     vm: str | None = None
     note: str = ""
+    published_minutes: float | None = None
+    workload: str = CASE_STUDY_WORKLOAD
 
     def minutes_for(self, epochs: float = MEASURED_EPOCHS, images: int = IMAGENET_TRAIN_IMAGES) -> float:
+        """Minutes for `epochs` of `images` at this system's rate."""
         return epochs * images / self.images_per_sec / 60
 
 
@@ -79,12 +116,98 @@ def _from_minutes(minutes: float) -> float:
 # The case study's figures (docs/case_study.md); images/sec derived from the published times over 90 epochs.
 PUBLISHED: tuple[System, ...] = (
     System("1x V100 (n1-standard-8)", "published", "V100", 1, _from_minutes(26 * 60), "n1-standard-8",
-           "more than 26 hours (Google Cloud blog, Dec 2018)"),
+           "published: more than 26 hours (Google Cloud blog, Dec 2018); images/sec derived from 26 h, an "
+           "upper value as the run took longer", 26 * 60),
     System("8x V100 (n1-standard-64)", "published", "V100", 8, _from_minutes(27 * 7.9), "n1-standard-64",
-           "derived: the pod was 27x faster (Google Cloud blog, Dec 2018)"),
+           "time derived: 27 x 7.9 min = 213 min (the pod was \"27x faster\", Google Cloud blog, Dec 2018); "
+           "images/sec derived from it"),
     System("Cloud TPU v2 Pod (v2-512)", "published", "TPU v2", 256, _from_minutes(7.9), None,
-           "7.9 minutes (Google Cloud blog, Dec 2018)"),
+           "published: 7.9 minutes (Google Cloud blog, Dec 2018); images/sec derived from it", 7.9),
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What a run trained, read from its summary's `config` section.
+
+    Attributes:
+      label: for tables and charts ("resnet18 (16 filters), shapes, 32 px").
+      mismatches: how it differs from the case study's workload; empty if it is that workload.
+      synthetic: the case study's model and image size on generated data.
+    """
+
+    label: str
+    mismatches: tuple[str, ...]
+    synthetic: bool = False
+
+
+def workload_of(config: Mapping[str, Any]) -> Workload:
+    """The workload a summary's `config` describes, and how it differs from the case study's."""
+    model, data = config.get("model", {}), config.get("data", {})
+    name, filters, size = model.get("name"), model.get("num_filters"), data.get("image_size")
+    source, dataset = data.get("source"), str(data.get("dataset", ""))
+    dataset_name = dataset.split("/")[0].split(":")[0]  # "imagenet2012:5.1.0" -> "imagenet2012".
+
+    def got(value: Any) -> str:
+        return "not recorded" if value is None else repr(value)
+
+    mismatches = []
+    if name != "resnet50":
+        mismatches.append(f"model.name is {got(name)}, not 'resnet50'")
+    if filters != 64:
+        mismatches.append(f"model.num_filters is {got(filters)}, not 64 (ResNet-50's width)")
+    if size != 224:
+        mismatches.append(f"data.image_size is {got(size)}, not 224")
+    if source == "tfds" and dataset_name != "imagenet2012":
+        mismatches.append(f"data.dataset is {dataset!r}, not 'imagenet2012'")
+    elif source not in ("tfds", "synthetic"):
+        why = " (a summary does not say what class folders hold)" if source == "folders" else ""
+        mismatches.append(f"data.source is {got(source)}, not 'tfds' (imagenet2012){why}")
+    data_label = "synthetic data" if source == "synthetic" else dataset_name if source == "tfds" else source
+    label = f"{name} ({filters} filters), {data_label}, {size} px"
+    return Workload(label, tuple(mismatches), source == "synthetic" and not mismatches)
+
+
+class WorkloadError(ValueError):
+    """A summary of another workload, passed without --allow_other_workloads."""
+
+
+def system_from_summary(summary: Mapping[str, Any], name: str | None = None) -> System:
+    """A measured row from a `summary.json` (the steady-state images/sec of that run)."""
+    run, config = summary["run"], summary.get("config", {})
+    kind = run["device_kind"]
+    images_per_sec = summary["throughput"]["images_per_sec"]
+    if not images_per_sec:
+        raise ValueError(f"{name or kind}: the summary has no steady-state images/sec (no timed region).")
+    per_chip = 2 if any(t in kind for t in ("TPU v2", "TPU v3")) else 1  # 2 cores (JAX devices) per chip.
+    accelerator = next((k for k in ("V100", "TPU v2") if k in kind), kind)
+    label = name or config.get("system", {}).get("name") or f"{run['devices']}x {kind}"
+    workload = workload_of(config)
+    return System(label, SYNTHETIC if workload.synthetic else "measured", accelerator,
+                  max(1, run["devices"] // per_chip), float(images_per_sec), None,
+                  f"measured: summary.json, {run['devices']} devices, batch {run['global_batch_size']}; "
+                  "time derived from its steady-state images/sec", None, workload.label)
+
+
+def load_measured(paths: Sequence[str], allow_other_workloads: bool) -> tuple[list[System], list[System]]:
+    """Measured rows of the case study's workload, and those of other workloads (only if allowed).
+
+    Raises:
+      WorkloadError: for another workload's summary when not allowed, naming the file and what differs.
+    """
+    same, other = [], []
+    for path in paths:
+        file = Path(path) / "summary.json" if Path(path).is_dir() else Path(path)
+        summary = json.loads(file.read_text())
+        mismatches = workload_of(summary.get("config", {})).mismatches
+        if mismatches and not allow_other_workloads:
+            raise WorkloadError(
+                f"{file}: not the case study's workload ({CASE_STUDY_WORKLOAD}): {'; '.join(mismatches)}. "
+                "Its images/sec is not comparable with the V100 and TPU figures. Pass "
+                "--allow_other_workloads to report it in a separate section and chart (other_workloads.png), "
+                "labelled with its workload.")
+        (other if mismatches else same).append(system_from_summary(summary))
+    return same, other
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,8 +230,8 @@ class Interconnect:
 # Nominal figures, with their sources. NVLink on an 8-V100 VM: NCCL all-reduce bus bandwidth on a DGX-1V
 # class hybrid cube mesh is ~130 GB/s (NVIDIA nccl-tests); TPU v2 ICI: 4 links of 496 Gbit/s per chip
 # (Jouppi et al., CACM 2020), two used per torus dimension.
-NVLINK_V100 = Interconnect("NVLink (8x V100)", 130e9, 5e-6, "ring")
-ICI_TPU_V2 = Interconnect("ICI 2-D torus (TPU v2)", 2 * 62e9, 2e-6, "torus2d")
+NVLINK_V100 = Interconnect("NVLink ring, 130 GB/s", 130e9, 5e-6, "ring")
+ICI_TPU_V2 = Interconnect("ICI 2-D torus, 2 x 62 GB/s", 2 * 62e9, 2e-6, "torus2d")
 
 
 def allreduce_sec(num_bytes: float, num_chips: int, link: Interconnect) -> float:
@@ -147,18 +270,73 @@ def predict(one_chip_step_sec: float, gradient_bytes: float, num_chips: int,
             "speedup": num_chips * efficiency}
 
 
-def system_from_summary(summary: Mapping[str, Any], name: str | None = None) -> System:
-    """A measured row from a `summary.json` (the steady-state images/sec of that run)."""
-    run, config = summary["run"], summary.get("config", {})
-    kind = run["device_kind"]
-    images_per_sec = summary["throughput"]["images_per_sec"]
-    if not images_per_sec:
-        raise ValueError(f"{name or kind}: the summary has no steady-state images/sec (no timed region).")
-    per_chip = 2 if any(t in kind for t in ("TPU v2", "TPU v3")) else 1  # 2 cores (JAX devices) per chip.
-    accelerator = next((k for k in ("V100", "TPU v2") if k in kind), kind)
-    label = name or config.get("system", {}).get("name") or f"{run['devices']}x {kind}"
-    return System(label, "measured", accelerator, max(1, run["devices"] // per_chip), float(images_per_sec),
-                  None, f"summary.json, {run['devices']} devices, batch {run['global_batch_size']}")
+@dataclasses.dataclass(frozen=True)
+class Curve:
+    """One predictor curve: one chip's rate, scaled over an interconnect.
+
+    Attributes:
+      name: for legends ("TPU v2, ICI 2-D torus").
+      accelerator: the rows it is compared with.
+      chip_images_per_sec: one chip's rate, the input it scales.
+      chip_basis: where that rate comes from and what it assumes.
+      per_chip_batch: images per chip per step.
+      link: the interconnect.
+      max_chips: the largest system it is drawn for.
+      input_system: the row that is an input of the curve (never compared with it), or "".
+      flops_per_peak: FLOPs per image / the chip's peak FLOP/s, where the rate came from FLOPs (else None):
+        turns a one-chip rate into a utilisation.
+      gradient_bytes: bytes all-reduced per step (float32 gradients).
+    """
+
+    name: str
+    accelerator: str
+    chip_images_per_sec: float
+    chip_basis: str
+    per_chip_batch: int
+    link: Interconnect
+    max_chips: int
+    input_system: str = ""
+    flops_per_peak: float | None = None
+    gradient_bytes: float = 4 * RESNET50_PARAMS
+
+    def at(self, num_chips: int) -> dict[str, float]:
+        """`predict` at `num_chips` from this curve's inputs."""
+        step_sec = self.per_chip_batch / self.chip_images_per_sec
+        return predict(step_sec, self.gradient_bytes, num_chips, self.link)
+
+
+def flops_per_image(report_path: Path) -> float:
+    """FLOPs per training image from a compile report (`python -m resnet_scaling.compile --json_out`)."""
+    report = json.loads(Path(report_path).read_text())
+    if report.get("model") != "resnet50":
+        raise ValueError(f"{report_path}: model {report.get('model')!r}, not resnet50; FLOPs do not apply.")
+    return report["flops_per_step"] / report["global_batch_size"]
+
+
+def build_curves(v100: System, tpu_chip_images_per_sec: float | None = None,
+                 tpu_utilisation: float = TPU_V2_UTILISATION_ASSUMED,
+                 report_path: Path = FLOPS_REPORT) -> tuple[Curve, Curve]:
+    """The predictor's V100 and TPU v2 curves, from inputs none of which is a row they are compared with.
+
+    Args:
+      v100: the 1x V100 row: the V100 curve's one chip (and so not compared with it).
+      tpu_chip_images_per_sec: a measured one-chip TPU v2 rate; None derives one from FLOPs.
+      tpu_utilisation: the share of the peak assumed when deriving from FLOPs.
+      report_path: the compile report holding FLOPs per step and the global batch.
+    """
+    how = "derived from its published time" if v100.source == "published" else v100.source
+    v100_curve = Curve(f"V100, {NVLINK_V100.name}", "V100", v100.images_per_sec,
+                       f"the {v100.name} row ({how})", 312, NVLINK_V100, 8, v100.name)
+    tpu_name = f"TPU v2, {ICI_TPU_V2.name}"
+    if tpu_chip_images_per_sec is not None:
+        return v100_curve, Curve(tpu_name, "TPU v2", tpu_chip_images_per_sec,
+                                 "measured on one chip (--tpu_v2_chip_images_per_sec)", 128, ICI_TPU_V2, 256)
+    flops = flops_per_image(report_path)
+    basis = (f"{TPU_V2_PEAK_FLOPS_PER_CHIP / 1e12:.0f} TFLOP/s bf16 peak x {tpu_utilisation:.0%} utilisation "
+             f"(assumed) / {flops / 1e9:.1f} GFLOP per image (XLA cost analysis, {Path(report_path).name})")
+    rate = TPU_V2_PEAK_FLOPS_PER_CHIP * tpu_utilisation / flops
+    return v100_curve, Curve(tpu_name, "TPU v2", rate, basis, 128, ICI_TPU_V2, 256, "",
+                             flops / TPU_V2_PEAK_FLOPS_PER_CHIP)
 
 
 def cost_per_run(system: System, prices: Mapping[str, Mapping[str, tuple[float, str]]]) -> float | None:
@@ -170,96 +348,231 @@ def cost_per_run(system: System, prices: Mapping[str, Mapping[str, tuple[float, 
     return (system.chips * accel[0] + vm[0]) * system.minutes_for() / 60
 
 
+def reference_v100(systems: Sequence[System]) -> System:
+    """The 1x V100 row speedups are over: the first one-chip V100 row, else the published one."""
+    return next((s for s in systems if s.accelerator == "V100" and s.chips == 1), PUBLISHED[0])
+
+
 def table_rows(systems: Sequence[System], prices: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One dict per system: the report's columns as numbers (None where unknown)."""
-    v100 = next((s for s in systems if s.accelerator == "V100" and s.chips == 1), PUBLISHED[0])
-    smallest: dict[str, System] = {}
+    v100 = reference_v100(systems)
+    smallest: dict[tuple[str, bool], System] = {}
     for s in sorted(systems, key=lambda s: s.chips):
-        smallest.setdefault(s.accelerator, s)
+        # Synthetic rows have no input pipeline: their efficiency is only against other synthetic rows.
+        smallest.setdefault((s.accelerator, s.source == SYNTHETIC), s)
     rows = []
     for s in systems:
-        ref = smallest[s.accelerator]
+        ref = smallest[(s.accelerator, s.source == SYNTHETIC)]
         efficiency = (s.images_per_sec / s.chips) / (ref.images_per_sec / ref.chips) if ref is not s else None
-        rows.append({"system": s.name, "source": s.source, "chips": s.chips,
+        rows.append({"system": s.name, "source": s.source, "accelerator": s.accelerator, "chips": s.chips,
                      "images_per_sec": s.images_per_sec, "minutes_90_epochs": s.minutes_for(),
+                     "minutes_basis": "published" if s.published_minutes else "derived",
                      "speedup_over_1x_v100": s.images_per_sec / v100.images_per_sec,
                      "scaling_efficiency": efficiency, "reference": ref.name,
-                     "cost_usd": cost_per_run(s, prices), "note": s.note})
+                     "cost_usd": cost_per_run(s, prices), "workload": s.workload, "note": s.note})
     return rows
 
 
-def markdown(rows: Sequence[Mapping[str, Any]], prices: Mapping[str, Any]) -> str:
-    """The table, then the price table with its sources."""
+def other_rows(systems: Sequence[System]) -> list[dict[str, Any]]:
+    """Rows of other workloads: what was measured, with no comparison to the case study's figures."""
+    return [{"system": s.name, "workload": s.workload, "source": s.source, "chips": s.chips,
+             "images_per_sec": s.images_per_sec, "images_per_sec_per_chip": s.images_per_sec / s.chips,
+             "note": s.note} for s in systems]
+
+
+def compare(rows: Sequence[Mapping[str, Any]], curves: Sequence[Curve],
+            v100_images_per_sec: float) -> list[dict[str, Any]]:
+    """Each curve against every row it covers (same accelerator, in range, not its input row).
+
+    Speedups are over 1x V100 (`v100_images_per_sec`); `gap` is predicted / row - 1; `fitting_*` is the
+    one-chip rate (and utilisation) that would have put the curve on the row.
+    """
+    chips_of = {r["system"]: r["chips"] for r in rows}
+    out = []
+    for r in rows:
+        # The predictor's efficiency is against one chip; a row's only on the same basis.
+        row_efficiency = r["scaling_efficiency"] if chips_of.get(r["reference"]) == 1 else None
+        for c in curves:
+            if c.accelerator != r["accelerator"] or r["chips"] > c.max_chips or r["system"] == c.input_system:
+                continue
+            p = c.at(r["chips"])
+            predicted = p["speedup"] * c.chip_images_per_sec / v100_images_per_sec
+            fit = r["images_per_sec"] / r["chips"] / p["scaling_efficiency"]
+            out.append({"system": r["system"], "source": r["source"], "chips": r["chips"], "curve": c.name,
+                        "predicted_speedup": predicted, "row_speedup": r["speedup_over_1x_v100"],
+                        "gap": predicted / r["speedup_over_1x_v100"] - 1,
+                        "predicted_scaling_efficiency": p["scaling_efficiency"],
+                        "row_scaling_efficiency": row_efficiency,
+                        "curve_chip_images_per_sec": c.chip_images_per_sec,
+                        "fitting_chip_images_per_sec": fit,
+                        "fitting_utilisation": fit * c.flops_per_peak if c.flops_per_peak else None})
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x:.0%}"
+
+
+def _main_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     def duration(minutes: float) -> str:
         return f"{minutes:.1f} min" if minutes < 120 else f"{minutes / 60:.1f} h"
 
-    lines = ["| system | source | chips | images/sec | 90 epochs | speedup over 1x V100 | scaling efficiency "
-             "| cost per run |", "|---|---|---|---|---|---|---|---|"]
+    lines = [f"## {CASE_STUDY_WORKLOAD}: the case study's workload", "",
+             "| system | source | chips | images/sec | 90 epochs | speedup over 1x V100 (derived) "
+             "| scaling efficiency (derived) | cost per run (assumed prices) |", "|" + "---|" * 8]
     for r in rows:
+        how = "derived" if r["source"] == "published" else "measured"
         efficiency = r["scaling_efficiency"]
         eff = "—" if efficiency is None else f"{efficiency:.0%} (vs {r['reference']})"
         cost = "—" if r["cost_usd"] is None else f"${r['cost_usd']:,.0f}"
-        lines.append(f"| {r['system']} | {r['source']} | {r['chips']} | {r['images_per_sec']:,.0f} | "
-                     f"{duration(r['minutes_90_epochs'])} | {r['speedup_over_1x_v100']:.1f}x | {eff} | "
-                     f"{cost} |")
-    lines += ["", "| price | USD/hour | source |", "|---|---|---|"]
+        lines.append(f"| {r['system']} | {r['source']} | {r['chips']} | {r['images_per_sec']:,.0f} ({how}) "
+                     f"| {duration(r['minutes_90_epochs'])} ({r['minutes_basis']}) "
+                     f"| {r['speedup_over_1x_v100']:.1f}x | {eff} | {cost} |")
+    notes = [f"- {r['system']}: {r['note']}." for r in rows]
+    return lines + ["", "Where each row's figures come from:", *notes,
+                    "- Speedups and efficiencies are ratios of the images/sec above; cost per run = (chips x "
+                    "accelerator price + VM price) x time for 90 epochs, at the assumed prices below."]
+
+
+def _predictor_section(curves: Sequence[Curve], comparisons: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines = ["", "## Scaling predictor: predicted vs the table's figures", "",
+             "Step time at N chips = one chip's step time + a ring or 2-D torus all-reduce of the float32 "
+             f"gradients ({4 * RESNET50_PARAMS / 1e6:.0f} MB); bandwidth-latency model, no overlap with "
+             "compute, no host or input-pipeline costs: a model, not a bound either way. No curve takes an "
+             "input from a row it is compared with. One chip:", "",
+             *(f"- {c.name}: {c.chip_images_per_sec:,.0f} images/sec = {c.chip_basis}; batch "
+               f"{c.per_chip_batch} per chip." + (ASSUMED_RATE_CAVEAT if c.flops_per_peak else "")
+               for c in curves),
+             "", "| system | source | chips | predicted speedup over 1x V100 | speedup from its figures "
+             "(derived) | gap | predicted efficiency vs 1 chip | efficiency vs 1 chip from its figures "
+             "(derived) |", "|" + "---|" * 8]
+    lines += [f"| {c['system']} | {c['source']} | {c['chips']} | {c['predicted_speedup']:.2f}x "
+              f"| {c['row_speedup']:.2f}x | {c['gap']:+.1%} | {_pct(c['predicted_scaling_efficiency'])} "
+              f"| {_pct(c['row_scaling_efficiency'])} |" for c in comparisons]
+    lines.append("")
+    for c in comparisons:
+        verdict = "disagree" if abs(c["gap"]) >= 0.05 else "agree within 5%"
+        effs = ("" if c["row_scaling_efficiency"] is None else f" ({_pct(c['predicted_scaling_efficiency'])} "
+                f"efficiency; {c['source']}: {_pct(c['row_scaling_efficiency'])})")
+        fit = c["fitting_utilisation"]
+        utilisation = "" if fit is None else f" ({fit:.0%} of peak)"
+        lines.append(f"- {c['system']}: predictor and {c['source']} figures {verdict}: predicted "
+                     f"{c['predicted_speedup']:.2f}x over 1x V100, {c['source']} {c['row_speedup']:.2f}x "
+                     f"(derived), {c['gap']:+.1%}{effs}. The curve starts from "
+                     f"{c['curve_chip_images_per_sec']:,.0f} images/sec per chip; "
+                     f"{c['fitting_chip_images_per_sec']:,.0f}{utilisation} would put it on this row "
+                     "(derived).")
+    by_name = {c["system"]: c for c in comparisons}
+    gpus, pod = (by_name.get(s.name) for s in PUBLISHED[1:3])
+    if gpus and pod:
+        predicted, published = (pod[k] / gpus[k] for k in ("predicted_speedup", "row_speedup"))
+        lines.append(f"- Pod over 8x V100: predicted {predicted:.1f}x, published {published:.1f}x.")
+    return lines
+
+
+def _other_section(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    return ["", "## Other workloads: not the case study's, not comparable with the rows above", "",
+            "Reported because --allow_other_workloads was given; none enters the speedups, efficiencies, "
+            "costs or predictor comparisons above.", "",
+            "| system | workload | source | chips | images/sec | images/sec per chip |", "|" + "---|" * 6,
+            *(f"| {r['system']} | {r['workload']} | {r['source']} | {r['chips']} "
+              f"| {r['images_per_sec']:,.1f} | {r['images_per_sec_per_chip']:,.1f} |" for r in rows)]
+
+
+def markdown(rows: Sequence[Mapping[str, Any]], prices: Mapping[str, Any], curves: Sequence[Curve] = (),
+             comparisons: Sequence[Mapping[str, Any]] = (), others: Sequence[Mapping[str, Any]] = ()) -> str:
+    """The case study's table with its sources, the predictor against it, the prices, other workloads."""
+    lines = _main_table(rows) + (_predictor_section(curves, comparisons) if curves else [])
+    lines += ["", "## Prices", "", "| price | USD/hour | source |", "|---|---|---|"]
     for group, unit in (("accelerators", "per chip"), ("vms", "per VM")):
-        for key, (usd, source) in prices[group].items():
-            lines.append(f"| {key} ({unit}) | {usd:.2f} | {source} |")
-    return "\n".join(lines) + "\n"
+        lines += [f"| {key} ({unit}) | {usd:.2f} | {why} |" for key, (usd, why) in prices[group].items()]
+    return "\n".join(lines + (_other_section(others) if others else [])) + "\n"
 
 
-def plot(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[Path]:
-    """speedup.png (speedup over 1x V100 against chips, linear line, predictor curves) and cost.png."""
+def _speedup_chart(plt: Any, rows: Sequence[Mapping[str, Any]], curves: Sequence[Curve], v100_rate: float,
+                   path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    ax.plot(CHIP_COUNTS, CHIP_COUNTS, "k--", lw=1, label="linear scaling from 1x V100")
+    for i, c in enumerate(curves):
+        counts = [n for n in CHIP_COUNTS if n <= c.max_chips]
+        label = textwrap.fill(f"predicted, {c.name}; one chip: {c.chip_images_per_sec:,.0f} images/sec = "
+                              f"{c.chip_basis}", 100, subsequent_indent="  ", break_on_hyphens=False)
+        ax.plot(counts, [c.at(n)["speedup"] * c.chip_images_per_sec / v100_rate for n in counts], lw=1.5,
+                color=f"C{2 + i}", label=label)  # Colours apart from the markers' (C0, C1, C4).
+    styles = (("published", "o", "C0", "published (images/sec derived from the published times)"),
+              ("measured", "s", "C1", "measured (summary.json)"), (SYNTHETIC, "^", "C4", SYNTHETIC))
+    for source, marker, color, label in styles:
+        pts = [r for r in rows if r["source"] == source]
+        if pts:
+            ax.scatter([r["chips"] for r in pts], [r["speedup_over_1x_v100"] for r in pts], marker=marker,
+                       s=40, color=color, label=label, zorder=3)
+        for r in pts:  # Right-hand labels go up and left: inside the axes, clear of the linear line.
+            right = r["chips"] > 32
+            ax.annotate(r["system"], (r["chips"], r["speedup_over_1x_v100"]), fontsize=8,
+                        xytext=(-45, 12) if right else (8, -10), textcoords="offset points",
+                        ha="right" if right else "left",
+                        arrowprops={"arrowstyle": "-", "lw": 0.5} if right else None)
+    ticks = [1, 2, 5, 10, 20, 50, 100, 200]
+    ax.set(xscale="log", yscale="log", xlabel="chips", ylabel="speedup over 1x V100 (derived)")
+    ax.set_xticks(CHIP_COUNTS, [str(n) for n in CHIP_COUNTS])
+    ax.set_yticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_title(f"Training speedup over 1x V100: {CASE_STUDY_WORKLOAD}", fontsize=11)
+    ax.grid(alpha=0.3)
+    # Below the axes: the curves' labels say what they assume, too long to sit on the data.
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _cost_chart(plt: Any, rows: Sequence[Mapping[str, Any]], path: Path) -> None:
+    priced = [r for r in rows if r["cost_usd"] is not None]
+    fig, ax = plt.subplots(figsize=(7.5, 0.6 * len(priced) + 1.5))
+    bars = ax.barh([f"{r['system']} [{r['source']}]" for r in priced], [r["cost_usd"] for r in priced])
+    ax.bar_label(bars, labels=[f"${r['cost_usd']:,.0f}" for r in priced], padding=3, fontsize=9)
+    ax.invert_yaxis()  # The table's order, top to bottom.
+    ax.set_xlim(0, 1.15 * max((r["cost_usd"] for r in priced), default=1))
+    ax.set_xlabel("USD per 90-epoch run = (chips x price + VM) x time\n(times published or derived from "
+                  "published figures; prices assumed: 2018 list)", fontsize=9)
+    ax.set_title(f"Cost per run, {CASE_STUDY_WORKLOAD}", fontsize=11)
+    ax.tick_params(axis="y", labelsize=9)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _other_chart(plt: Any, others: Sequence[Mapping[str, Any]], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7.5, 0.7 * len(others) + 1.5))
+    bars = ax.barh([f"{r['system']}\n{r['workload']}" for r in others], [r["images_per_sec"] for r in others],
+                   color="tab:gray")
+    ax.bar_label(bars, labels=[f"{r['images_per_sec']:,.1f}" for r in others], padding=3, fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.2 * max(r["images_per_sec"] for r in others))
+    ax.set_xlabel("images/sec (measured)", fontsize=9)
+    ax.set_title("Other workloads: not ResNet-50 v1.5 on imagenet2012 at 224 px;\n"
+                 "not comparable with the case study's figures", fontsize=11)
+    ax.tick_params(axis="y", labelsize=8)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def plot(rows: Sequence[Mapping[str, Any]], out_dir: Path, curves: Sequence[Curve] = (),
+         others: Sequence[Mapping[str, Any]] = (), v100_images_per_sec: float | None = None) -> list[Path]:
+    """speedup.png and cost.png for the case study's workload; other_workloads.png when there are others."""
     import matplotlib
 
     matplotlib.use("Agg")  # No display: write files only.
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    chips = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    ax.plot(chips, chips, "k--", lw=1, label="linear scaling (1 chip = 1x V100)")
-    for name, link, per_chip_rate, gradient_bytes, per_chip_batch, max_chips in _PREDICTOR_CURVES:
-        base = per_chip_rate / PUBLISHED[0].images_per_sec
-        counts = [n for n in chips if n <= max_chips]
-        pts = [predict(per_chip_batch / per_chip_rate, gradient_bytes, n, link) for n in counts]
-        ax.plot(counts, [base * p["speedup"] for p in pts], lw=1, label=f"predicted: {name}")
-    for source, marker in (("published", "o"), ("measured", "s")):
-        pts = [r for r in rows if r["source"] == source]
-        ax.scatter([r["chips"] for r in pts], [r["speedup_over_1x_v100"] for r in pts], marker=marker,
-                   label=source, zorder=3)
-        for r in pts:
-            ax.annotate(r["system"], (r["chips"], r["speedup_over_1x_v100"]), fontsize=6,
-                        xytext=(3, -8), textcoords="offset points")
-    ax.set(xscale="log", yscale="log", xlabel="chips", ylabel="speedup over 1x V100",
-           title="ResNet-50 training speedup")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    speedup_png = out_dir / "speedup.png"
-    fig.savefig(speedup_png, dpi=120)
-    plt.close(fig)
-
-    priced = [r for r in rows if r["cost_usd"] is not None]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.barh([f"{r['system']} ({r['source']})" for r in priced], [r["cost_usd"] for r in priced])
-    ax.set(xlabel="USD per 90-epoch run (price table: assumed 2018 list prices)", title="Cost per run")
-    ax.tick_params(axis="y", labelsize=7)
-    fig.tight_layout()
-    cost_png = out_dir / "cost.png"
-    fig.savefig(cost_png, dpi=120)
-    plt.close(fig)
-    return [speedup_png, cost_png]
-
-
-# (name, interconnect, one chip's images/sec, gradient bytes, per-chip batch, most chips) for the chart.
-# V100: the published single-GPU rate, batch 312, float32 gradients. TPU v2: one chip's compute rate is
-# not published; ~960 images/sec is assumed (the pod's ~950 per chip at the predicted ~99% efficiency).
-TPU_V2_CHIP_IMAGES_PER_SEC_ASSUMED = 960.0
-_PREDICTOR_CURVES = (
-    ("V100, NVLink ring", NVLINK_V100, PUBLISHED[0].images_per_sec, 4 * RESNET50_PARAMS, 312, 8),
-    ("TPU v2, ICI torus", ICI_TPU_V2, TPU_V2_CHIP_IMAGES_PER_SEC_ASSUMED, 4 * RESNET50_PARAMS, 128, 256),
-)
+    paths = [out_dir / "speedup.png", out_dir / "cost.png"]
+    _speedup_chart(plt, rows, curves, v100_images_per_sec or PUBLISHED[0].images_per_sec, paths[0])
+    _cost_chart(plt, rows, paths[1])
+    other_png = out_dir / "other_workloads.png"
+    other_png.unlink(missing_ok=True)  # One left by an earlier run would look like this run's.
+    if others:
+        _other_chart(plt, others, other_png)
+        paths.append(other_png)
+    return paths
 
 
 def load_prices(path: str | None) -> Mapping[str, Mapping[str, tuple[float, str]]]:
@@ -271,31 +584,56 @@ def load_prices(path: str | None) -> Mapping[str, Mapping[str, tuple[float, str]
             for group in ("accelerators", "vms")}
 
 
-def main(argv: list[str]) -> str:
-    """Builds the report; prints and writes the Markdown and the charts; returns the Markdown."""
+def _parse_args(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--summaries", nargs="*", default=[], help="summary.json files or workdirs holding one.")
     p.add_argument("--prices", default=None, help="A JSON price table replacing the defaults.")
-    p.add_argument("--out_dir", default=str(Path(__file__).resolve().parent / "results" / "case_study"))
+    p.add_argument("--out_dir", default=str(RESULTS / "case_study"))
     p.add_argument("--no_published", action="store_true", help="Only measured rows.")
-    args = p.parse_args(argv)
-    measured = []
-    for path in args.summaries:
-        file = Path(path) / "summary.json" if Path(path).is_dir() else Path(path)
-        measured.append(system_from_summary(json.loads(file.read_text())))
+    p.add_argument("--allow_other_workloads", action="store_true",
+                   help="Report summaries of other workloads in a separate, labelled section and chart "
+                        "instead of refusing them.")
+    p.add_argument("--tpu_v2_chip_images_per_sec", type=float, default=None,
+                   help="A measured one-chip TPU v2 rate for the predictor (default: from FLOPs).")
+    p.add_argument("--tpu_v2_utilisation", type=float, default=TPU_V2_UTILISATION_ASSUMED,
+                   help="Assumed share of the 45 TFLOP/s peak when the one-chip rate comes from FLOPs.")
+    p.add_argument("--flops_report", default=str(FLOPS_REPORT),
+                   help="Compile report (python -m resnet_scaling.compile --json_out) with FLOPs per step.")
+    return p, p.parse_args(argv)
+
+
+def main(argv: list[str]) -> str:
+    """Builds the report; prints and writes the Markdown, JSON and charts; returns the Markdown."""
+    p, args = _parse_args(argv)
+    measured_rate = args.tpu_v2_chip_images_per_sec
+    if not 0 < args.tpu_v2_utilisation <= 1 or (measured_rate is not None and measured_rate <= 0):
+        p.error("--tpu_v2_utilisation must be in (0, 1] and --tpu_v2_chip_images_per_sec positive.")
+    try:
+        measured, others = load_measured(args.summaries, args.allow_other_workloads)
+    except WorkloadError as e:
+        p.error(str(e))
     systems = [*(() if args.no_published else PUBLISHED), *measured]
     if not systems:
-        p.error("Nothing to report: pass --summaries or drop --no_published.")
+        p.error("Nothing to report: pass --summaries of the case study's workload or drop --no_published.")
     prices = load_prices(args.prices)
     rows = table_rows(systems, prices)
-    text = markdown(rows, prices)
+    v100 = reference_v100(systems)
+    curves = build_curves(v100, args.tpu_v2_chip_images_per_sec, args.tpu_v2_utilisation,
+                          Path(args.flops_report))
+    comparisons = compare(rows, curves, v100.images_per_sec)
+    extra = other_rows(others)
+    text = markdown(rows, prices, curves, comparisons, extra)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "case_study.md").write_text(text)
-    (out_dir / "case_study.json").write_text(json.dumps(rows, indent=2) + "\n")
-    plot(rows, out_dir)
+    points = {c.name: [c.at(n) for n in CHIP_COUNTS if n <= c.max_chips] for c in curves}
+    predictor = {"curves": [{**dataclasses.asdict(c), "points": points[c.name]} for c in curves],
+                 "comparisons": comparisons}
+    report = {"case_study": rows, "predictor": predictor, "other_workloads": extra}
+    (out_dir / "case_study.json").write_text(json.dumps(report, indent=2) + "\n")
+    paths = plot(rows, out_dir, curves, extra, v100.images_per_sec)
     print(text)
-    print(f"Wrote {out_dir}/case_study.md, case_study.json, speedup.png, cost.png")
+    print(f"Wrote {out_dir}/case_study.md, case_study.json, {', '.join(path.name for path in paths)}")
     return text
 
 

@@ -131,6 +131,10 @@ def get_base_config() -> ml_collections.ConfigDict:
     # Steps (first, last) to trace with jax.profiler into WORKDIR/tensorboard (TensorBoard's Profile tab);
     # (0, 0) traces nothing. Process 0 traces its host and devices.
     config.training.profile_steps = (0, 0)
+    # JAX's persistent compilation cache, so that a restarted run (a preemption, a crash) loads its
+    # compiled step instead of compiling it again: "{workdir}" stands for the run's workdir (shared by every
+    # process of a job; gs:// works); "" turns it off. Set by the command-line entry points.
+    config.training.compilation_cache_dir = "{workdir}/compilation_cache"
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.name = "sgd"  # "sgd" (momentum) or "lars".

@@ -74,6 +74,14 @@ def headline(summary: Mapping[str, Any], paths: Mapping[str, str]) -> list[str]:
         f"  throughput: {speed}",
         f"  {target}",
     ]
+    goodput = summary.get("goodput") or {}
+    if goodput.get("goodput") is not None:
+        causes = {k[:-len("_sec")].replace("_", " "): v for k, v in goodput.items()
+                  if k.endswith("_sec") and k not in ("total_wall_sec", "productive_sec") and v}
+        largest = sorted(causes.items(), key=lambda kv: -kv[1])[:3]
+        lines.append(f"  goodput: {_percent(goodput['goodput'])} of {_duration(goodput['total_wall_sec'])} "
+                     f"over {goodput['launches']} launch(es); badput: "
+                     + ", ".join(f"{name} {_duration(sec)}" for name, sec in largest))
     lines += [f"  {name}: {path}" for name, path in paths.items()]
     return lines
 

@@ -158,8 +158,12 @@ def train_state_init_fn(
     def init(rng):
         variables = model.init(rng, jnp.zeros((1, image_size, image_size, 3), model.dtype),
                                train=False)
-        return TrainState.create(apply_fn=model.apply, params=variables["params"], tx=tx,
-                                 batch_stats=variables["batch_stats"], dynamic_scale=dynamic_scale)
+        state = TrainState.create(apply_fn=model.apply, params=variables["params"], tx=tx,
+                                  batch_stats=variables["batch_stats"], dynamic_scale=dynamic_scale)
+        # Strongly typed leaves (the step counter and loss-scale fields start as Python numbers, so weakly
+        # typed): a state restored from a checkpoint is strongly typed, and the step compiled for a fresh
+        # state must be the very program a resumed run compiles, or the compilation cache misses.
+        return jax.tree.map(lambda x: jax.lax.convert_element_type(x, jnp.asarray(x).dtype), state)
 
     return init
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 import jax
+import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -57,12 +58,23 @@ def main(argv: list[str]) -> None:
     config = _CONFIG.value
     if _PRINT_CONFIG.value:
         print(config, flush=True)
+    if cache_dir := compilation_cache_dir(config, _WORKDIR.value):
+        jax.config.update("jax_compilation_cache_dir", cache_dir)
+        logger.info("Compilation cache: %s", cache_dir)
     try:
         trainer.train_and_evaluate(config, _WORKDIR.value)  # Validates the config first, once.
     except config_lib.ConfigError as e:
         raise app.UsageError(str(e)) from None
     except data.DataError as e:  # missing, unprepared or malformed dataset: say what to do, no traceback
         raise SystemExit(f"error: {e}") from None
+
+
+def compilation_cache_dir(config: ml_collections.ConfigDict, workdir: str) -> str | None:
+    """Where JAX keeps compiled programs for this run (`training.compilation_cache_dir`), or None (off)."""
+    template = config.training.compilation_cache_dir
+    if not template:
+        return None
+    return template.replace("{workdir}", workdir.rstrip("/"))
 
 
 def parse_flags(argv: list[str]) -> list[str]:

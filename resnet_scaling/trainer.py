@@ -79,6 +79,7 @@ def train_and_evaluate(
     Returns:
       A `TrainResult` with the final state and the logged metrics.
     """
+    launch_start_wall = time.time()  # Goodput counts this launch's set-up as initialisation.
     console.show_progress()
     run = training_setup.setup(config, devices=devices, arrays=arrays)
     plan, source, state = run.plan, run.source, run.state
@@ -97,7 +98,8 @@ def train_and_evaluate(
             int(state.step) / plan.steps_per_epoch)
     start_step = int(state.step)
     clock = metrics_lib.RunClock(plan.global_batch_size, plan.timing_warmup_steps, config.eval.target_top1,
-                                 saved_clock)
+                                 saved_clock, launch_start_wall)
+    goodput = metrics_lib.GoodputRecorder(workdir, start_step, launch_start_wall, write=is_writer)
 
     batches = source.train_batches(start_step=start_step)
     batch = next(batches)
@@ -115,13 +117,13 @@ def train_and_evaluate(
                          start_step=start_step)
     interval_first_step = start_step + 1  # First step of the current log interval.
     last_saved_step = start_step if start_step > 0 else None  # The newest checkpoint on disk.
-    clock.start()
+    clock.start(compile_sec)
     try:
         for step in range(start_step + 1, plan.total_steps + 1):  # `step` counts the steps done after it.
             if step > start_step + 1:
                 input_start = time.perf_counter()
                 batch = next(batches)
-                clock.steady.add_input_wait(step, time.perf_counter() - input_start)
+                clock.add_input_wait(step, time.perf_counter() - input_start)
             profiler.before_step(step)
             state, step_metrics = train_step_fn(state, batch)
             profiler.after_step(step, state)
@@ -139,39 +141,43 @@ def train_and_evaluate(
                 clock.steady.add_interval(interval_first_step, step, record.get("sec_per_step"))
                 interval_first_step = step + 1
                 result.train_history.append(record)
+                goodput.record(step, clock.launch_sec())
                 if is_writer:
                     _log_train(plan, record)
                     writers.write(step, record)
             if _due(step, plan.eval_every_steps, last):
-                clock.timer.pause()  # Evaluation stays off the training clock.
+                clock.pause(wait_for=state)  # Evaluation stays off the training clock.
                 eval_metrics = _evaluate_and_track(run, state, step, clock, log)
                 result.eval_history.append(eval_metrics)
                 if is_writer:
                     writers.write(step, eval_metrics)
                 if checkpointer is not None:
                     checkpointer.save_best(step, state, eval_metrics)
-                clock.timer.start()
+                goodput.record(step, clock.launch_sec())
+                clock.resume()
             result.preempted = watcher.reached(step)
             save_due = _due(step, plan.checkpoint_every_steps, last) or result.preempted
             if checkpointer is not None and save_due:
-                clock.timer.pause()  # Checkpointing stays off the training clock too.
+                clock.pause(wait_for=state)  # Checkpointing stays off the training clock too.
                 # A checkpoint must never hold a diverged state: check the steps since the last fetch first.
                 _raise_if_non_finite(buffer.fetch(), last_saved_step)
                 save_start = time.perf_counter()
                 checkpointer.save(step, state, clock.state_dict())
                 clock.checkpoint_sec += time.perf_counter() - save_start
                 last_saved_step = step
-                clock.timer.start()
+                goodput.record(step, clock.launch_sec(), checkpoint=True)
+                clock.resume()
             if result.preempted:
                 log("Preempted (SIGTERM) at step %d: %s. Run the same command to resume.", step,
                     f"checkpoint saved in {checkpointer.directory}" if checkpointer else
                     "checkpoints are off (config.checkpoint.enabled), nothing was saved")
                 break
-        clock.timer.pause()
+        clock.pause(wait_for=state)
         if checkpointer is not None and not result.preempted and config.checkpoint.export:
             log("Exported the final parameters to %s.", checkpointer.export(state))
         result.state = state
-        result.summary = _summary(run, clock, result, metrics_lib.flops_per_device(train_step_fn))
+        goodput.record(int(state.step), clock.launch_sec())
+        result.summary = _summary(run, clock, goodput, result, metrics_lib.flops_per_device(train_step_fn))
         if is_writer:
             paths = {"summary": metrics_lib.write_summary(workdir, result.summary)}
             if writers.tensorboard_dir:
@@ -242,7 +248,8 @@ def _evaluate_and_track(run: training_setup.TrainingSetup, state: steps.TrainSta
     return eval_metrics
 
 
-def _summary(run: training_setup.TrainingSetup, clock: metrics_lib.RunClock, result: TrainResult,
+def _summary(run: training_setup.TrainingSetup, clock: metrics_lib.RunClock,
+             goodput: metrics_lib.GoodputRecorder, result: TrainResult,
              flops_per_device: float | None) -> dict[str, Any]:
     """The run's headline figures in `metrics.summary`'s schema."""
     plan, mesh = run.plan, run.mesh
@@ -264,6 +271,7 @@ def _summary(run: training_setup.TrainingSetup, clock: metrics_lib.RunClock, res
         time=clock.time_summary(result.compile_sec),
         accuracy=clock.time_to_accuracy.result(),
         utilisation=metrics_lib.utilisation(flops_per_device, sec_per_step, mesh.size, device.device_kind),
+        goodput=goodput.summary(),
         config=run.config.to_dict())
 
 

@@ -33,9 +33,10 @@ def test_the_demo_command_prints_under_60_lines_and_ends_with_the_headline(tmp_p
     headline = messages[headline_start:]
     assert headline[1].startswith("  top-1: final 9") and "images/sec in the steady state" in headline[2]
     assert headline[3].startswith("  time to 76.00% top-1: ") and "not reached" not in headline[3]
-    assert {m.split(":")[0].strip() for m in headline[4:]} == {
+    assert headline[4].startswith("  goodput: ") and "over 1 launch(es); badput: " in headline[4]
+    assert {m.split(":")[0].strip() for m in headline[5:]} == {
         "summary", "TensorBoard", "checkpoints", "best weights", "exported weights"}
-    assert all(pathlib.Path(m.split(": ", 1)[1]).exists() for m in headline[4:])
+    assert all(pathlib.Path(m.split(": ", 1)[1]).exists() for m in headline[5:])
     assert not any("checkpoint_manager" in line or "E0000" in line or "oneDNN" in line for line in lines)
     summary = json.loads((workdir / "summary.json").read_text())
     assert f"final {100 * summary['accuracy']['final_eval_top1']:.2f}%" in headline[1]

@@ -190,6 +190,9 @@ SUMMARY_KEYS = {
                  "epochs_to_accuracy", "steps_to_accuracy", "final_eval_top1", "best_eval_top1", "num_evals"},
     "utilisation": {"flops_per_step", "flops_per_step_per_device", "tflops_per_sec_per_device",
                     "peak_tflops_per_device", "mfu"},
+    "goodput": {"total_wall_sec", "productive_sec", "goodput", "launches", "recomputed_steps",
+                "initialization_sec", "compilation_sec", "input_wait_sec", "evaluation_sec",
+                "checkpointing_sec", "recomputed_steps_sec", "restart_gaps_sec", "other_sec"},
 }
 EVAL_SLEEP_SEC = 0.5
 

@@ -4,6 +4,7 @@
 |---|---|
 | `device.py` | step metrics kept on the device and fetched every N steps; the evaluation summary |
 | `throughput.py` | the training clock (compile, evaluation, checkpoints off it), steady-state images/sec |
+| `goodput.py` | goodput and badput by cause over every launch of a run (WORKDIR/goodput.json) |
 | `run_clock.py` | the run's time accounting in one object, saved in checkpoints |
 | `accuracy.py` | time-to-accuracy (the case study's timed region and MLPerf's clock), epochs-to-accuracy |
 | `compiled.py` | FLOPs and memory per device of a compiled step, from XLA's cost and memory analyses |
@@ -16,6 +17,7 @@ from resnet_scaling.hardware import peak_tflops_per_device
 from resnet_scaling.metrics.accuracy import MLPERF_TARGET_TOP1, TimeToAccuracy
 from resnet_scaling.metrics.compiled import flops_per_device, memory_per_device
 from resnet_scaling.metrics.device import MetricsBuffer, first_non_finite_step, summarize_eval
+from resnet_scaling.metrics.goodput import GoodputRecorder, goodput_summary
 from resnet_scaling.metrics.run_clock import RunClock
 from resnet_scaling.metrics.summary import (
     SUMMARY_SCHEMA,
@@ -35,6 +37,7 @@ __all__ = [
     "SUMMARY_SCHEMA_VERSION",
     "JsonLinesWriter",
     "MetricWriters",
+    "GoodputRecorder",
     "MetricsBuffer",
     "RunClock",
     "SteadyStateThroughput",
@@ -46,6 +49,7 @@ __all__ = [
     "flops_per_device",
     "first_non_finite_step",
     "format_duration",
+    "goodput_summary",
     "memory_per_device",
     "peak_tflops_per_device",
     "read_summary",

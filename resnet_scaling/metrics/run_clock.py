@@ -1,6 +1,12 @@
 """The run's time accounting in one object: the training clock, the steady state, time-to-accuracy, the
 seconds spent evaluating and checkpointing, and the wall time of the training loop over every launch.
 
+The host dispatches steps ahead of the device, so "the host reached the evaluation" is not "the device
+finished training": `pause(wait_for=state)` blocks until the device has caught up before it stops the
+training clock (as big_vision's `chrono.pause(wait_for=...)`), so that device time of training steps is
+never counted as evaluation or checkpoint time. Steps themselves keep overlapping with the host: nothing
+waits per step.
+
 Its `state_dict()` goes into every checkpoint and a resumed run starts from it, so that the totals
 survive restarts.
 """
@@ -10,6 +16,8 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from typing import Any
+
+import jax
 
 from resnet_scaling.metrics.accuracy import TimeToAccuracy
 from resnet_scaling.metrics.throughput import SteadyStateThroughput, ThroughputTimer
@@ -26,8 +34,13 @@ class RunClock:
     """
 
     def __init__(self, global_batch_size: int, timing_warmup_steps: int, target_top1: float,
-                 saved: Mapping[str, Any] | None = None) -> None:
+                 saved: Mapping[str, Any] | None = None, launch_start_wall: float | None = None) -> None:
         saved = saved or {}
+        self._launch_start_wall = time.time() if launch_start_wall is None else launch_start_wall
+        self._saved = {k: float(saved.get(k, 0.0)) for k in ("train_sec", "eval_sec", "checkpoint_sec")}
+        self._launch_input_wait_sec = 0.0
+        self._launch_compile_sec = 0.0
+        self._launch_init_sec = 0.0
         self.timer = ThroughputTimer(global_batch_size, total_sec=float(saved.get("train_sec", 0.0)))
         self.steady = SteadyStateThroughput(global_batch_size, timing_warmup_steps)
         self.steady.load_state_dict(saved.get("steady_state"))
@@ -38,9 +51,37 @@ class RunClock:
         self._wall_sec_before = float(saved.get("wall_sec", 0.0))
         self._loop_start: float | None = None
 
-    def start(self) -> None:
-        """Starts the wall clock and the training clock: the training loop begins."""
+    def start(self, compile_sec: float = 0.0) -> None:
+        """Starts the wall clock and the training clock: the training loop begins. This launch's time
+        before it, less `compile_sec`, was initialisation."""
         self._loop_start = time.perf_counter()
+        self._launch_compile_sec = compile_sec
+        self._launch_init_sec = max(0.0, time.time() - self._launch_start_wall - compile_sec)
+        self.timer.start()
+
+    def add_input_wait(self, step: int, seconds: float) -> None:
+        """Host seconds spent waiting for step `step`'s batch (on the training clock)."""
+        self.steady.add_input_wait(step, seconds)
+        self._launch_input_wait_sec += seconds
+
+    def launch_sec(self) -> dict[str, float]:
+        """This launch's seconds by cause so far (for goodput): initialization, compilation, training
+        (the training clock, input waiting included), input_wait, evaluation, checkpointing."""
+        return {"initialization": self._launch_init_sec, "compilation": self._launch_compile_sec,
+                "training": self.timer.read_total_sec() - self._saved["train_sec"],
+                "input_wait": self._launch_input_wait_sec,
+                "evaluation": self.eval_sec - self._saved["eval_sec"],
+                "checkpointing": self.checkpoint_sec - self._saved["checkpoint_sec"]}
+
+    def pause(self, wait_for: Any = None) -> None:
+        """Stops the training clock once the device has finished the work `wait_for` depends on (the
+        train state): before evaluating, checkpointing and at the end."""
+        if wait_for is not None:
+            jax.block_until_ready(wait_for)
+        self.timer.pause()
+
+    def resume(self) -> None:
+        """Restarts the training clock after an evaluation or a checkpoint."""
         self.timer.start()
 
     def wall_sec(self) -> float:

@@ -17,6 +17,10 @@ a figure is unknown: no timed region, no evaluation reached the target, no publi
   `steps_to_accuracy`, `final_eval_top1`, `best_eval_top1`, `num_evals`
 - `utilisation`: `flops_per_step`, `flops_per_step_per_device`, `tflops_per_sec_per_device`,
   `peak_tflops_per_device`, `mfu`
+- `goodput` (over every launch of the run, `metrics/goodput.py`; null where a producer has none):
+  `total_wall_sec`, `productive_sec`, `goodput` (their ratio), `launches`, `recomputed_steps`, and the
+  badput by cause: `initialization_sec`, `compilation_sec`, `input_wait_sec`, `evaluation_sec`,
+  `checkpointing_sec`, `recomputed_steps_sec`, `restart_gaps_sec`, `other_sec`
 - `config`: the run's config (`config.to_dict()`)
 """
 
@@ -28,7 +32,7 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
-SUMMARY_SCHEMA_VERSION = 1
+SUMMARY_SCHEMA_VERSION = 2  # 2: the goodput section.
 SUMMARY_FILENAME = "summary.json"
 
 # Each section's keys and the JSON types a value may take (None: null allowed); read-only proxies, so no
@@ -52,6 +56,11 @@ _SCHEMA = {
     "utilisation": {"flops_per_step": (*_NUM, None), "flops_per_step_per_device": (*_NUM, None),
                     "tflops_per_sec_per_device": (*_NUM, None), "peak_tflops_per_device": (*_NUM, None),
                     "mfu": (*_NUM, None)},
+    "goodput": {"total_wall_sec": (*_NUM, None), "productive_sec": (*_NUM, None), "goodput": (*_NUM, None),
+                "launches": (int, None), "recomputed_steps": (int, None),
+                **{f"{cause}_sec": (*_NUM, None) for cause in (
+                    "initialization", "compilation", "input_wait", "evaluation", "checkpointing",
+                    "recomputed_steps", "restart_gaps", "other")}},
 }
 SUMMARY_SCHEMA: Mapping[str, Mapping[str, tuple[type | None, ...]]] = types.MappingProxyType(
     {name: types.MappingProxyType(keys) for name, keys in _SCHEMA.items()})
@@ -60,14 +69,18 @@ del _SCHEMA
 
 def build_summary(*, run: Mapping[str, Any], throughput: Mapping[str, Any], time: Mapping[str, Any],
                   accuracy: Mapping[str, Any], utilisation: Mapping[str, Any],
-                  config: Mapping[str, Any]) -> dict[str, Any]:
+                  config: Mapping[str, Any], goodput: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Assembles a summary from its sections, keeping only the schema's keys (so it cannot drift).
+
+    `goodput` may be left out by producers that have no launch history (fixtures, other tools): its
+    figures are then null.
 
     Raises:
       KeyError: if a section lacks a key of the schema.
     """
     sections = {"run": run, "throughput": throughput, "time": time, "accuracy": accuracy,
-                "utilisation": utilisation}
+                "utilisation": utilisation,
+                "goodput": goodput if goodput is not None else dict.fromkeys(SUMMARY_SCHEMA["goodput"])}
     summary: dict[str, Any] = {"schema_version": SUMMARY_SCHEMA_VERSION}
     for name, keys in SUMMARY_SCHEMA.items():
         summary[name] = {key: sections[name][key] for key in keys}

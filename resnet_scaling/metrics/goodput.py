@@ -1,0 +1,108 @@
+"""Goodput across every launch of a run, as MaxText reports it: of the wall time from the first launch's
+start to now (restarts and the time between them included), the fraction spent in productive training
+steps, and the rest (badput) by cause.
+
+Each launch keeps its own account (initialisation, compilation, training, input waiting, evaluation,
+checkpointing; the steps it started from and reached; the training seconds at each checkpoint it saved)
+and process 0 rewrites it into WORKDIR/goodput.json at every log point, evaluation and checkpoint, so a
+launch that dies keeps its account up to its last such point. The next launch reads the earlier accounts:
+
+- *recomputed steps*: a launch that resumes at step k after an earlier one reached m > k (a crash, a lost
+  checkpoint) redoes steps k+1..m; their training seconds in the earlier launch are badput;
+- *restart gaps*: from an earlier launch's last recorded moment to the next launch's start (the time a
+  preempted job waited, plus the unrecorded end of a launch that died);
+- *other*: what is left (logging, writing summaries, host work between steps outside the clocks).
+
+Productive seconds are training-clock seconds minus input waiting minus recomputed steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+GOODPUT_FILENAME = "goodput.json"
+# Per-launch seconds by cause, as each launch records them.
+LAUNCH_BUCKETS = ("initialization", "compilation", "training", "input_wait", "evaluation", "checkpointing")
+
+
+class GoodputRecorder:
+    """This launch's account, and the run's goodput over it and every earlier launch in the workdir.
+
+    Args:
+      workdir: the run's workdir (its goodput.json holds the earlier launches).
+      start_step: the step this launch starts from (0, or the restored checkpoint's).
+      launch_start_wall: when this launch started (`time.time()` at the start of `train_and_evaluate`).
+      write: whether this process writes goodput.json (process 0).
+    """
+
+    def __init__(self, workdir: str, start_step: int, launch_start_wall: float, write: bool = True) -> None:
+        self._path = os.path.join(workdir, GOODPUT_FILENAME)
+        self._write = write
+        self.earlier = _read_launches(self._path) if start_step > 0 else []  # A fresh run starts afresh.
+        self.launch: dict[str, Any] = {
+            "start_wall": launch_start_wall, "last_wall": launch_start_wall, "start_step": int(start_step),
+            "last_step": int(start_step), "sec": dict.fromkeys(LAUNCH_BUCKETS, 0.0), "training_sec_at": {}}
+
+    def record(self, step: int, sec: Mapping[str, float], checkpoint: bool = False) -> None:
+        """Updates this launch's account at `step` (seconds so far by cause in this launch) and writes it;
+        `checkpoint` marks a checkpoint saved at `step`."""
+        self.launch.update(last_wall=time.time(), last_step=int(step))
+        self.launch["sec"] = {k: float(sec.get(k, 0.0)) for k in LAUNCH_BUCKETS}
+        if checkpoint:
+            self.launch["training_sec_at"][str(int(step))] = self.launch["sec"]["training"]
+        if self._write:
+            tmp = self._path + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"launches": [*self.earlier, self.launch]}, f, indent=1)
+            os.replace(tmp, self._path)  # A reader (the next launch) never sees half a file.
+
+    def summary(self) -> dict[str, Any]:
+        """The summary's `goodput` section over every launch."""
+        return goodput_summary([*self.earlier, self.launch])
+
+
+def goodput_summary(launches: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """Goodput and badput by cause over `launches` (oldest first), as `GoodputRecorder.summary`."""
+    wall = launches[-1]["last_wall"] - launches[0]["start_wall"]
+    gaps = sum(max(0.0, b["start_wall"] - a["last_wall"]) for a, b in itertools.pairwise(launches))
+    recomputed_steps, recomputed_sec = 0, 0.0
+    for earlier, later in itertools.pairwise(launches):
+        lost = earlier["last_step"] - later["start_step"]
+        if lost > 0:
+            recomputed_steps += lost
+            recomputed_sec += earlier["sec"]["training"] - _training_sec_at(earlier, later["start_step"])
+    sums = {k: sum(launch["sec"][k] for launch in launches) for k in LAUNCH_BUCKETS}
+    productive = max(0.0, sums["training"] - sums["input_wait"] - recomputed_sec)
+    badput = {
+        "initialization_sec": sums["initialization"], "compilation_sec": sums["compilation"],
+        "input_wait_sec": sums["input_wait"], "evaluation_sec": sums["evaluation"],
+        "checkpointing_sec": sums["checkpointing"], "recomputed_steps_sec": recomputed_sec,
+        "restart_gaps_sec": gaps}
+    badput["other_sec"] = max(0.0, wall - productive - sum(badput.values()))
+    return {"total_wall_sec": wall, "productive_sec": productive,
+            "goodput": productive / wall if wall > 0 else None, "launches": len(launches),
+            "recomputed_steps": recomputed_steps, **badput}
+
+
+def _training_sec_at(launch: Mapping[str, Any], step: int) -> float:
+    """Training seconds `launch` had spent when it reached `step`: at a checkpoint it saved there, 0 at or
+    before its start; otherwise pro rata over its steps (a checkpoint written by another launch)."""
+    saved = launch["training_sec_at"].get(str(step))
+    if saved is not None:
+        return float(saved)
+    if step <= launch["start_step"]:
+        return 0.0
+    done = launch["last_step"] - launch["start_step"]
+    return launch["sec"]["training"] * (step - launch["start_step"]) / done if done > 0 else 0.0
+
+
+def _read_launches(path: str) -> list[dict[str, Any]]:
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return list(json.load(f)["launches"])
