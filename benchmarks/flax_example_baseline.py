@@ -47,12 +47,13 @@ class ResNet(nn.Module):
     num_classes: int
     num_filters: int = 64
     dtype: Any = jnp.float32
+    bn_axis_name: str | None = "batch"  # pmap's axis; None under jit, where BN spans the global batch.
 
     @nn.compact
     def __call__(self, x, train: bool = True):
         conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype)
         norm = functools.partial(nn.BatchNorm, use_running_average=not train, momentum=0.9, epsilon=1e-5,
-                                 dtype=self.dtype, axis_name="batch")
+                                 dtype=self.dtype, axis_name=self.bn_axis_name)
         x = conv(self.num_filters, (7, 7), (2, 2), padding=[(3, 3), (3, 3)], name="conv_init")(x)
         x = nn.relu(norm(name="bn_init")(x))
         x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
@@ -84,6 +85,21 @@ def _train_step(state: TrainState, batch: dict[str, jax.Array], learning_rate_fn
                              "learning_rate": learning_rate_fn(state.step)}, axis_name="batch")
     new_state = state.apply_gradients(grads=grads, batch_stats=new_model_state["batch_stats"])
     return new_state, metrics
+
+
+def jit_train_step(state: TrainState, batch: dict[str, jax.Array], num_classes: int = 1000) -> Any:
+    """The example's step for plain `jit` over a mesh (no pmap, no pmean: the sharded batch gives global
+    BN statistics and gradients); weight decay left to the optimizer (LARS)."""
+    def loss_fn(params):
+        logits, new_model_state = state.apply_fn({"params": params, "batch_stats": state.batch_stats},
+                                                 batch["image"], mutable=["batch_stats"])
+        loss = jnp.mean(optax.softmax_cross_entropy(logits.astype(jnp.float32),
+                                                    jax.nn.one_hot(batch["label"], num_classes)))
+        return loss, (new_model_state, logits)
+
+    (loss, (new_model_state, logits)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    metrics = {"loss": loss, "accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["label"])}
+    return state.apply_gradients(grads=grads, batch_stats=new_model_state["batch_stats"]), metrics
 
 
 def make_step(global_batch_size: int, image_size: int = 224, dtype: Any = jnp.float32,

@@ -20,7 +20,7 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 from resnet_scaling.data import DATA_SOURCES, RESIZE_METHODS
-from resnet_scaling.models import COMPUTE_DTYPES, MODEL_NAMES
+from resnet_scaling.models import COMPUTE_DTYPES, LOWERINGS, MODEL_NAMES
 from resnet_scaling.optim import OPTIMIZERS, SCHEDULES
 from resnet_scaling.plan import DURATIONS, LR_SCALINGS, TRAINING_LENGTH, ConfigError, set_duration_field
 
@@ -58,6 +58,9 @@ def get_base_config() -> ml_collections.ConfigDict:
     # Dtype of activations and convolutions. Parameters, BN statistics and the loss stay float32.
     # float16 turns on dynamic loss scaling (for V100s, which have no bfloat16 units).
     config.model.compute_dtype = "float32"
+    # How 1x1 convolutions and max pooling are written (models.LOWERINGS): "auto" picks the forms XLA's CPU
+    # backend runs fastest on CPUs and nn.Conv / nn.max_pool on TPUs and GPUs; same parameters, same outputs.
+    config.model.lowering = "auto"
     # Start from these weights instead of random ones: a torchvision ResNet state dict saved as .npz, a
     # workdir (its export/), or an export/ or best/ directory. A run resuming its own checkpoint ignores it.
     config.model.init_from = ""
@@ -271,6 +274,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     )
     _require_choice(config.model.name, "model.name", MODEL_NAMES)
     _require_choice(config.model.compute_dtype, "model.compute_dtype", COMPUTE_DTYPES)
+    _require_choice(config.model.lowering, "model.lowering", LOWERINGS)
     _require_choice(config.data.source, "data.source", DATA_SOURCES)
     _validate_input_pipeline(config.data)
     _require_choice(config.optimizer.name, "optimizer.name", OPTIMIZERS)

@@ -66,10 +66,34 @@ def max_pool_3x3_s2(x: jax.Array) -> jax.Array:
     return out
 
 
+# How convolutions and pooling are written (`config.model.lowering`): "cpu" as a matrix product (1x1
+# convolutions) and strided maxima (max pooling), which XLA's CPU backend runs several times faster; "xla"
+# as `nn.Conv` and `nn.max_pool`, the forms XLA's TPU and GPU backends map onto their convolution units
+# and cuDNN; "auto" picks "cpu" on CPUs and "xla" elsewhere. Both have the same parameters and outputs.
+LOWERINGS = ("auto", "cpu", "xla")
+
+
+def resolve_lowering(lowering: str, platform: str | None = None) -> str:
+    """"cpu" or "xla" for `lowering` on `platform` (default: JAX's default backend)."""
+    if lowering not in LOWERINGS:
+        raise ValueError(f"Unknown lowering {lowering!r}; choose one of {', '.join(LOWERINGS)}.")
+    if lowering != "auto":
+        return lowering
+    return "cpu" if (platform or jax.default_backend()) == "cpu" else "xla"
+
+
+def max_pool_3x3_s2_xla(x: jax.Array) -> jax.Array:
+    """3x3 max pooling with stride 2 and padding 1 as one `reduce_window` (`nn.max_pool`)."""
+    return nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+
+
 def make_conv(features: int, kernel_size: tuple[int, int], strides: tuple[int, int] = (1, 1), *,
-              padding: Any = "SAME", dtype: Any = jnp.float32, name: str | None = None) -> nn.Module:
-    """A bias-free He-initialised convolution; 1x1 kernels without padding become `PointwiseConv`."""
-    if tuple(kernel_size) == (1, 1) and padding in ("SAME", "VALID") and strides[0] == strides[1]:
+              padding: Any = "SAME", dtype: Any = jnp.float32, name: str | None = None,
+              lowering: str = "cpu") -> nn.Module:
+    """A bias-free He-initialised convolution; with the "cpu" lowering, 1x1 kernels without padding
+    become `PointwiseConv` (the same `kernel`)."""
+    pointwise = tuple(kernel_size) == (1, 1) and padding in ("SAME", "VALID") and strides[0] == strides[1]
+    if lowering == "cpu" and pointwise:
         return PointwiseConv(features, strides[0], dtype=dtype, name=name)
     return nn.Conv(features, kernel_size, strides, padding=padding, use_bias=False, dtype=dtype,
                    param_dtype=jnp.float32, kernel_init=conv_kernel_init, name=name)
@@ -145,6 +169,7 @@ class ResNet(nn.Module):
       zero_init_last_bn_scale: start each residual branch at zero (Goyal et al.).
       bn_group_size: images per batch-norm group in training (`GroupedBatchNorm`); None normalises over
         the whole batch given (under `jit`, the global batch) with `nn.BatchNorm`.
+      lowering: "cpu" or "xla" (see `LOWERINGS`): how 1x1 convolutions and max pooling are written.
     """
 
     stage_sizes: Sequence[int]
@@ -156,11 +181,12 @@ class ResNet(nn.Module):
     bn_epsilon: float = 1e-5
     zero_init_last_bn_scale: bool = True
     bn_group_size: int | None = None
+    lowering: str = "cpu"
 
     @nn.compact
     def __call__(self, x, train: bool = True):
         """Returns float32 logits of shape [batch, num_classes]."""
-        conv = functools.partial(make_conv, dtype=self.dtype)
+        conv = functools.partial(make_conv, dtype=self.dtype, lowering=self.lowering)
         grouped = self.bn_group_size is not None
         norm = functools.partial(
             functools.partial(GroupedBatchNorm, group_size=self.bn_group_size) if grouped else nn.BatchNorm,
@@ -173,7 +199,7 @@ class ResNet(nn.Module):
         x = x.astype(self.dtype)
         x = conv(self.num_filters, (7, 7), (2, 2), padding=((3, 3), (3, 3)), name="stem_conv")(x)
         x = nn.relu(norm(name="stem_bn")(x))
-        x = max_pool_3x3_s2(x)
+        x = max_pool_3x3_s2(x) if self.lowering == "cpu" else max_pool_3x3_s2_xla(x)
         for stage, num_blocks in enumerate(self.stage_sizes):
             for block in range(num_blocks):
                 strides = 2 if stage > 0 and block == 0 else 1
@@ -217,18 +243,22 @@ def create_model(
     dtype: Any = jnp.float32,
     **kwargs: Any,
 ) -> ResNet:
-    """Builds a ResNet by name ("resnet50", ...); extra keyword arguments go to `ResNet`."""
+    """Builds a ResNet by name ("resnet50", ...); extra keyword arguments go to `ResNet`.
+
+    `lowering` ("auto" by default: by JAX's default backend) is resolved here to "cpu" or "xla".
+    """
     if name not in ARCHITECTURES:
         raise ValueError(f"Unknown model {name!r}; choose one of {', '.join(ARCHITECTURES)}.")
     stage_sizes, block_cls = ARCHITECTURES[name]
     if isinstance(dtype, str):
         dtype = DTYPES[dtype]
+    kwargs["lowering"] = resolve_lowering(kwargs.get("lowering", "auto"), kwargs.pop("platform", None))
     return ResNet(stage_sizes=stage_sizes, block_cls=block_cls, num_classes=num_classes,
                   num_filters=num_filters, dtype=dtype, **kwargs)
 
 
-def model_from_config(config: ml_collections.ConfigDict, plan: TrainingPlan | BatchPlan | None = None
-                      ) -> ResNet:
+def model_from_config(config: ml_collections.ConfigDict, plan: TrainingPlan | BatchPlan | None = None,
+                      platform: str | None = None) -> ResNet:
     """Builds the model a config's `model` section describes.
 
     Args:
@@ -236,6 +266,8 @@ def model_from_config(config: ml_collections.ConfigDict, plan: TrainingPlan | Ba
       plan: the run's plan, which holds the resolved batch-norm groups of training
         (`config.model.bn_group_size`); without one, batch norm spans the whole batch given, which is
         all that inference needs (it uses the running averages).
+      platform: the platform of the devices it will run on ("cpu", "tpu", "gpu"), for
+        `config.model.lowering = "auto"` (default: JAX's default backend).
     """
     m = config.model
     return create_model(
@@ -247,4 +279,6 @@ def model_from_config(config: ml_collections.ConfigDict, plan: TrainingPlan | Ba
         bn_epsilon=m.bn_epsilon,
         zero_init_last_bn_scale=m.zero_init_last_bn_scale,
         bn_group_size=None if plan is None else plan.bn_group_size,
+        lowering=m.get("lowering", "auto"),
+        platform=platform,
     )

@@ -109,7 +109,7 @@ def setup(config: ml_collections.ConfigDict, *, devices: Sequence[jax.Device] | 
         num_train_examples, num_eval_examples = source.num_train_examples, source.num_eval_examples
     plan = plan_lib.derive(config, num_train_examples, batch=batch, num_eval_examples=num_eval_examples)
 
-    model = models.model_from_config(config, plan)
+    model = models.model_from_config(config, plan, platform=devices[0].platform)
     learning_rate_fn = optim.create_learning_rate_schedule(config, plan)
     optimizer = optim.create_optimizer(config, learning_rate_fn)
     make_state = steps.abstract_train_state if abstract else steps.create_train_state

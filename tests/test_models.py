@@ -149,3 +149,36 @@ def test_pointwise_conv_equals_a_1x1_convolution_with_stride():
     assert variables["params"]["kernel"].shape == (1, 1, 4, 6)
     reference = nn.Conv(6, (1, 1), (2, 2), padding="VALID", use_bias=False).apply(variables, x)
     np.testing.assert_allclose(conv.apply(variables, x), reference, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["resnet_tiny", "resnet50"])
+def test_both_lowerings_have_the_same_parameters_outputs_and_gradients(name):
+    """The CPU forms (1x1 convolutions as dots, max pooling as strided maxima) and XLA's own (nn.Conv,
+    nn.max_pool) are one function: same variables, forward and gradients to float32 tolerance."""
+    size = 64 if name == "resnet_tiny" else 32
+    cpu = models.create_model(name, 10, num_filters=8, lowering="cpu")
+    xla = models.create_model(name, 10, num_filters=8, lowering="xla")
+    images = jax.random.normal(jax.random.key(1), (4, size, size, 3))
+    variables = cpu.init(jax.random.key(0), images, train=False)
+    xla_variables = xla.init(jax.random.key(0), images, train=False)
+    assert jax.tree.structure(variables) == jax.tree.structure(xla_variables)
+
+    def loss(params, model):
+        logits, _ = model.apply({"params": params, "batch_stats": variables["batch_stats"]}, images,
+                                train=True, mutable=["batch_stats"])
+        return jnp.sum(logits**2), logits
+
+    (loss_cpu, logits_cpu), grads_cpu = jax.value_and_grad(loss, has_aux=True)(variables["params"], cpu)
+    (loss_xla, logits_xla), grads_xla = jax.value_and_grad(loss, has_aux=True)(variables["params"], xla)
+    np.testing.assert_allclose(logits_xla, logits_cpu, rtol=1e-4, atol=1e-5)
+    for a, b in zip(jax.tree.leaves(grads_cpu), jax.tree.leaves(grads_xla), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-5)
+
+
+def test_auto_lowering_follows_the_platform():
+    assert models.resolve_lowering("auto", "cpu") == "cpu"
+    assert models.resolve_lowering("auto", "tpu") == models.resolve_lowering("auto", "gpu") == "xla"
+    assert models.resolve_lowering("xla", "cpu") == "xla"
+    assert models.create_model("resnet_tiny", 10).lowering == "cpu"  # The tests run on CPU devices.
+    with pytest.raises(ValueError, match="lowering"):
+        models.resolve_lowering("fast", "cpu")
