@@ -89,13 +89,7 @@ def train_and_evaluate(
         _write_config(workdir, config)
     _log_setup(log, run)
     checkpointer = checkpointing.Checkpointer(workdir, config) if config.checkpoint.enabled else None
-    saved_clock = None
-    restored = checkpointer.restore_latest(_abstract(state)) if checkpointer is not None else None
-    if restored is not None:
-        state, meta = restored
-        saved_clock = meta.get("clock")
-        log("Resumed from %s at step %d (epoch %.2f).", checkpointer.directory, int(state.step),
-            int(state.step) / plan.steps_per_epoch)
+    state, saved_clock = _restore(checkpointer, state, plan, log)
     start_step = int(state.step)
     clock = metrics_lib.RunClock(plan.global_batch_size, plan.timing_warmup_steps, config.eval.target_top1,
                                  saved_clock, launch_start_wall)
@@ -104,9 +98,7 @@ def train_and_evaluate(
     batches = source.train_batches(start_step=start_step)
     batch = next(batches)
     train_step_fn, compile_sec = run.compile_train_step(state, batch)
-    memory = metrics_lib.memory_per_device(train_step_fn)
-    log("Compiled the train step in %.1fs%s.", compile_sec,
-        "" if memory is None else f", {memory['total'] / 2**20:.0f} MiB per device")
+    _log_compiled(log, train_step_fn, compile_sec)
     writers = (metrics_lib.MetricWriters(workdir, tensorboard=config.training.tensorboard,
                                          config_text=str(config)) if is_writer else None)
     watcher = checkpointing.PreemptionWatcher()
@@ -161,9 +153,7 @@ def train_and_evaluate(
                 clock.pause(wait_for=state)  # Checkpointing stays off the training clock too.
                 # A checkpoint must never hold a diverged state: check the steps since the last fetch first.
                 _raise_if_non_finite(buffer.fetch(), last_saved_step)
-                save_start = time.perf_counter()
-                checkpointer.save(step, state, clock.state_dict())
-                clock.checkpoint_sec += time.perf_counter() - save_start
+                _save(checkpointer, step, state, clock)
                 last_saved_step = step
                 goodput.record(step, clock.launch_sec(), checkpoint=True)
                 clock.resume()
@@ -179,13 +169,7 @@ def train_and_evaluate(
         goodput.record(int(state.step), clock.launch_sec())
         result.summary = _summary(run, clock, goodput, result, metrics_lib.flops_per_device(train_step_fn))
         if is_writer:
-            paths = {"summary": metrics_lib.write_summary(workdir, result.summary)}
-            if writers.tensorboard_dir:
-                paths["TensorBoard"] = writers.tensorboard_dir
-            if checkpointer is not None:
-                paths.update(checkpointer.paths(exported=not result.preempted and config.checkpoint.export))
-            for line in console.headline(result.summary, paths):
-                logger.info("%s", line)
+            _write_summary_and_headline(workdir, result, writers, checkpointer)
     finally:
         profiler.stop()
         watcher.close()
@@ -194,6 +178,45 @@ def train_and_evaluate(
         if writers is not None:
             writers.close()
     return result
+
+
+def _restore(checkpointer: checkpointing.Checkpointer | None, state: steps.TrainState,
+             plan: plan_lib.TrainingPlan, log: Callable[..., None]) -> tuple[steps.TrainState, Any]:
+    """The newest checkpoint's state and saved clocks, or `state` and None where there is none."""
+    restored = checkpointer.restore_latest(_abstract(state)) if checkpointer is not None else None
+    if restored is None:
+        return state, None
+    state, meta = restored
+    log("Resumed from %s at step %d (epoch %.2f).", checkpointer.directory, int(state.step),
+        int(state.step) / plan.steps_per_epoch)
+    return state, meta.get("clock")
+
+
+def _log_compiled(log: Callable[..., None], compiled: Any, compile_sec: float) -> None:
+    memory = metrics_lib.memory_per_device(compiled)
+    log("Compiled the train step in %.1fs%s.", compile_sec,
+        "" if memory is None else f", {memory['total'] / 2**20:.0f} MiB per device")
+
+
+def _save(checkpointer: checkpointing.Checkpointer, step: int, state: steps.TrainState,
+          clock: metrics_lib.RunClock) -> None:
+    """Starts a checkpoint of `state` with the clocks, counting the time on the checkpoint clock."""
+    save_start = time.perf_counter()
+    checkpointer.save(step, state, clock.state_dict())
+    clock.checkpoint_sec += time.perf_counter() - save_start
+
+
+def _write_summary_and_headline(workdir: str, result: TrainResult, writers: metrics_lib.MetricWriters,
+                                checkpointer: checkpointing.Checkpointer | None) -> None:
+    """Process 0's end of a run: summary.json, then the closing headline naming where everything is."""
+    paths = {"summary": metrics_lib.write_summary(workdir, result.summary)}
+    if writers.tensorboard_dir:
+        paths["TensorBoard"] = writers.tensorboard_dir
+    if checkpointer is not None:
+        config = result.summary["config"]
+        paths.update(checkpointer.paths(exported=not result.preempted and config["checkpoint"]["export"]))
+    for line in console.headline(result.summary, paths):
+        logger.info("%s", line)
 
 
 def _write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
