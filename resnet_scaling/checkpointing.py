@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
@@ -143,8 +144,13 @@ class Checkpointer:
             return float("-inf")
 
     def save_best(self, step: int, state: Any, eval_metrics: dict[str, float]) -> None:
-        """Keeps the parameters of the best evaluation so far (by top-1) in `best/`."""
+        """Keeps the parameters of the best evaluation so far (by top-1) in `best/`; never those of an
+        evaluation with a non-finite loss (a diverged state), which no later evaluation could displace."""
         if self._best_manager is None or eval_metrics["eval_top1"] <= self._best_top1:
+            return
+        if not np.isfinite(eval_metrics["eval_loss"]):
+            logger.warning("Not keeping step %d as the best: its evaluation loss is %s.", step,
+                           eval_metrics["eval_loss"])
             return
         self._best_top1 = float(eval_metrics["eval_top1"])
         variables = {"params": state.params, "batch_stats": state.batch_stats}
@@ -194,8 +200,16 @@ class Checkpointer:
         self._manager.reload()
 
     def export(self, state: Any) -> str:
-        """Writes the final parameters and BN statistics with the config to `export/` (synchronously)."""
+        """Writes the final parameters and BN statistics with the config to `export/` (synchronously).
+
+        Raises:
+          FloatingPointError: a parameter or statistic is NaN or infinite; nothing is exported.
+        """
         variables = {"params": state.params, "batch_stats": state.batch_stats}
+        finite = jax.tree.reduce(lambda ok, x: ok & jnp.all(jnp.isfinite(x)), variables, jnp.bool_(True))
+        if not bool(finite):
+            raise FloatingPointError("The final parameters hold NaN or infinite values: not exporting them; "
+                                     f"the checkpoints in {self.directory} are unchanged.")
         checkpointer = ocp.StandardCheckpointer()
         path = os.path.join(self._export_directory, "variables")
         checkpointer.save(path, variables, force=True)

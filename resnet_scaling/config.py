@@ -11,6 +11,7 @@ The allowed values of each choice live next to the factory that uses them (`mode
 from __future__ import annotations
 
 import importlib.resources
+import math
 import os
 import pathlib
 from collections.abc import Mapping
@@ -217,6 +218,7 @@ def _require_positive(config: ml_collections.ConfigDict, field: str) -> None:
     for part in field.split("."):
         value = value[part]
     _require(value > 0, field, f"must be positive, got {value!r}.")
+    _require(math.isfinite(value), field, f"must be finite, got {value!r}.")
 
 
 def _validate_input_pipeline(data: ml_collections.ConfigDict) -> None:

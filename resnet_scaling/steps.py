@@ -74,10 +74,18 @@ def cross_entropy_loss(logits: jax.Array, labels: jax.Array, num_classes: int,
 
 
 def topk_correct(logits: jax.Array, labels: jax.Array, k: int) -> jax.Array:
-    """Per-example 1.0 where the label is among the k highest logits, else 0.0."""
+    """Per-example 1.0 where the label is among the k highest logits, else 0.0.
+
+    Ranked as `jnp.argmax` and `lax.top_k` rank: of equal logits the lower class index comes first, so a
+    constant model is right only where the label is class 0 (top-1 equals `argmax(logits) == label`). A row
+    with a non-finite logit (NaN or infinite) counts as a miss: a diverged model scores 0, not 100%.
+    """
+    num_classes = logits.shape[-1]
     label_logit = jnp.take_along_axis(logits, labels[:, None], axis=-1)
-    # The label is in the top k when fewer than k classes score strictly higher.
-    return (jnp.sum(logits > label_logit, axis=-1) < k).astype(jnp.float32)
+    before_label = jnp.arange(num_classes)[None, :] < labels[:, None]
+    ranked_ahead = (logits > label_logit) | ((logits == label_logit) & before_label)
+    finite = jnp.all(jnp.isfinite(logits), axis=-1)
+    return ((jnp.sum(ranked_ahead, axis=-1) < k) & finite).astype(jnp.float32)
 
 
 def train_step(state: TrainState, batch: Batch, *, learning_rate_fn: optax.Schedule,

@@ -245,3 +245,21 @@ def test_two_processes_save_and_restore_to_the_uninterrupted_parameters(tmp_path
     resumed, _ = checkpointing.load_exported(str(tmp_path / "run"))
     _assert_bitwise_equal(resumed["params"], reference["params"])
     shutil.rmtree(tmp_path)
+
+
+def test_a_non_finite_state_never_enters_best_or_export(tmp_path):
+    from resnet_scaling import training_setup
+
+    config = tiny_config(checkpoint__enabled=True, checkpoint__async_save=False)
+    state = training_setup.setup(config, arrays=random_arrays()).state
+    nan_state = state.replace(params=jax.tree.map(lambda x: x * np.nan, state.params))
+    checkpointer = checkpointing.Checkpointer(str(tmp_path), config)
+    try:
+        checkpointer.save_best(1, nan_state, {"eval_top1": 0.5, "eval_loss": float("nan")})
+        with pytest.raises(FloatingPointError, match="not exporting"):
+            checkpointer.export(nan_state)
+        checkpointer.save_best(2, state, {"eval_top1": 0.1, "eval_loss": 2.3})  # A finite one is kept.
+    finally:
+        checkpointer.close()
+    assert sorted(p.name for p in (tmp_path / "best").iterdir() if p.name.isdigit()) == ["2"]
+    assert not (tmp_path / "export").exists()

@@ -315,6 +315,17 @@ def test_validate_refuses_zero_length_training():
     validate(config)
 
 
+@pytest.mark.parametrize("field, value", [("training.num_train_steps", -5),
+                                          ("optimizer.base_learning_rate", float("inf")),
+                                          ("optimizer.base_learning_rate", float("nan"))])
+def test_validate_refuses_a_negative_length_and_a_non_finite_learning_rate(field, value):
+    config = get_base_config()
+    section, name = field.split(".")
+    config[section][name] = value
+    with pytest.raises(ConfigError, match=f"config.{field}"):
+        validate(config)
+
+
 def test_config_error_is_a_value_error():
     assert issubclass(ConfigError, ValueError)
 

@@ -71,25 +71,38 @@ def test_cross_entropy_loss_is_float32_for_low_precision_logits():
                                rtol=1e-5)
 
 
+def test_top1_is_argmax_and_constant_or_non_finite_models_score_no_better_than_chance():
+    labels = jnp.asarray([0, 1, 2, 3])
+    constant = jnp.zeros((4, 10))
+    np.testing.assert_array_equal(topk_correct(constant, labels, 1), [1, 0, 0, 0])  # argmax is class 0
+    np.testing.assert_array_equal(topk_correct(constant, labels, 5), [1, 1, 1, 1])  # classes 0-4 first
+    broken = jnp.asarray(np.random.default_rng(0).normal(size=(4, 10)), jnp.float32).at[:, 3].set(jnp.nan)
+    np.testing.assert_array_equal(topk_correct(broken, labels, 1), [0, 0, 0, 0])
+    np.testing.assert_array_equal(topk_correct(jnp.full((4, 10), jnp.inf), labels, 5), [0, 0, 0, 0])
+    random_logits = jnp.asarray(np.random.default_rng(1).normal(size=(64, 10)), jnp.float32)
+    random_labels = jnp.asarray(np.random.default_rng(2).integers(0, 10, 64))
+    np.testing.assert_array_equal(topk_correct(random_logits, random_labels, 1),
+                                  np.asarray(jnp.argmax(random_logits, -1) == random_labels, np.float32))
+
+
 def test_topk_correct_hand_made_example():
-    # Tie behaviour: the label counts as top-k when fewer than k classes score *strictly* higher, so a
-    # label tied with the best logit is top-1 correct, and ties never push the label out of the top k.
+    # Ranking as argmax / lax.top_k rank: of equal logits the lower class index comes first.
     logits = jnp.asarray(
         [
             [0.1, 0.5, 0.2, 0.9],  # label 1: one class (3) higher -> rank 2
             [0.1, 0.5, 0.2, 0.9],  # label 3: the maximum -> rank 1
             [0.1, 0.5, 0.2, 0.9],  # label 0: three classes higher -> rank 4
-            [1.0, 1.0, 0.0, 0.0],  # label 1: tied with class 0 for the top -> counts as top-1
-            [2.0, 1.0, 1.0, 1.0],  # label 3: one class higher, two tied with it -> top-2, not top-1
-            [3.0, 3.0, 3.0, 3.0],  # label 2: all tied -> top-1
+            [1.0, 1.0, 0.0, 0.0],  # label 1: tied with class 0, which comes first -> rank 2
+            [2.0, 1.0, 1.0, 1.0],  # label 3: one class higher, two tied ahead of it -> rank 4
+            [3.0, 3.0, 3.0, 3.0],  # label 2: all tied, classes 0 and 1 first -> rank 3
         ],
         jnp.float32,
     )
     labels = jnp.asarray([1, 3, 0, 1, 3, 2])
     expected = {
-        1: [0, 1, 0, 1, 0, 1],
-        2: [1, 1, 0, 1, 1, 1],
-        3: [1, 1, 0, 1, 1, 1],
+        1: [0, 1, 0, 0, 0, 0],
+        2: [1, 1, 0, 1, 0, 0],
+        3: [1, 1, 0, 1, 0, 1],
         4: [1, 1, 1, 1, 1, 1],
     }
     for k, values in expected.items():

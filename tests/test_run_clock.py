@@ -43,5 +43,6 @@ def test_images_per_sec_counts_the_device_time_of_steps_before_evaluations(tmp_p
     measured = result.summary["throughput"]["images_per_sec"]
     again = _reference_images_per_sec(config, arrays)  # Bracket the run: the machine is shared.
     low, high = sorted((reference, again))
-    # Measured here: 106 against 107 and 106 images/sec; without waiting for the device, 873.
-    assert 0.9 * low <= measured <= 1.1 * high, (measured, reference, again)
+    # On a quiet 2-core machine: 106 against 107 and 106 images/sec (without waiting for the device: 873).
+    # The bounds leave room for a test worker running beside this one on a shared CI machine.
+    assert 0.8 * low <= measured <= 1.25 * high, (measured, reference, again)
