@@ -44,6 +44,10 @@ COMPATIBILITY_FIELDS = (
 )
 
 
+class UnreadableCheckpointsError(RuntimeError):
+    """The workdir held checkpoints and none can be read; the run refuses to start again from step 0."""
+
+
 class IncompatibleCheckpointError(ValueError):
     """The workdir holds a checkpoint of another model or an incompatible config."""
 
@@ -182,10 +186,21 @@ class Checkpointer:
                 self._quarantine(step, e)
                 continue
             return restored["state"], meta
-        if steps:
-            raise RuntimeError(f"No checkpoint in {self.directory} could be read (steps {steps}); move the "
-                               "directory away to start afresh.")
+        quarantined = self.quarantined()
+        if quarantined and not self._config.checkpoint.restart_from_scratch:
+            # Checkpoints existed and none can be read: starting at step 0 would silently throw the run away.
+            raise UnreadableCheckpointsError(
+                f"No checkpoint of this workdir can be read: {len(quarantined)} unreadable one(s) are in "
+                f"{os.path.dirname(quarantined[0])} ({', '.join(os.path.basename(q) for q in quarantined)}). "
+                "To train from step 0 in this workdir anyway, pass --config.checkpoint.restart_from_scratch="
+                "true; or use another --workdir.")
         return None
+
+    def quarantined(self) -> list[str]:
+        """The checkpoints moved to WORKDIR/unreadable_checkpoints/ (by this run or an earlier one)."""
+        folder = os.path.join(os.path.dirname(self.directory), "unreadable_checkpoints")
+        names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+        return [os.path.join(folder, name) for name in names]
 
     def _quarantine(self, step: int, error: Exception) -> None:
         """Moves an unreadable checkpoint out of the way (kept for inspection), so the step can be redone."""

@@ -173,6 +173,9 @@ def get_base_config() -> ml_collections.ConfigDict:
     config.checkpoint.keep_best = True  # Also keep the parameters of the best evaluation in WORKDIR/best.
     config.checkpoint.async_save = True  # Write in the background while training goes on.
     config.checkpoint.export = True  # Write the final parameters to WORKDIR/export at the end.
+    # When every checkpoint of the workdir is unreadable (moved to unreadable_checkpoints/), train from step
+    # 0 anyway instead of stopping with an error.
+    config.checkpoint.restart_from_scratch = False
 
     config.eval = ml_collections.ConfigDict()
     config.eval.global_batch_size = 1024  # Images per evaluation step over all devices.

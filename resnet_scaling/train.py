@@ -16,8 +16,8 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
+from resnet_scaling import checkpointing, console, data, distributed, trainer, xla_flags
 from resnet_scaling import config as config_lib
-from resnet_scaling import console, data, distributed, trainer, xla_flags
 
 logger = logging.getLogger("resnet_scaling.train")  # Not __name__: "__main__" under `python -m`.
 
@@ -65,7 +65,7 @@ def main(argv: list[str]) -> None:
         trainer.train_and_evaluate(config, _WORKDIR.value)  # Validates the config first, once.
     except config_lib.ConfigError as e:
         raise app.UsageError(str(e)) from None
-    except data.DataError as e:  # missing, unprepared or malformed dataset: say what to do, no traceback
+    except (data.DataError, checkpointing.UnreadableCheckpointsError) as e:  # say what to do, no traceback
         raise SystemExit(f"error: {e}") from None
 
 

@@ -109,6 +109,19 @@ def test_a_corrupt_latest_checkpoint_is_skipped_with_a_warning(tmp_path, caplog)
     assert "Skipping unreadable checkpoint" in caplog.text and "/4" in caplog.text
 
 
+def test_when_no_checkpoint_can_be_read_the_run_refuses_to_start_from_scratch(tmp_path):
+    _train(tmp_path, training__num_train_steps=4, checkpoint__keep=5)
+    for path in (tmp_path / "checkpoints").rglob("*"):
+        if path.is_file() and "state" in path.parts:
+            path.write_bytes(b"garbage")
+    for _ in range(2):  # The next identical command refuses too: it never trains from step 0 silently.
+        with pytest.raises(checkpointing.UnreadableCheckpointsError,
+                           match=r"2 unreadable one\(s\) are in .*unreadable_checkpoints.*from_scratch"):
+            _train(tmp_path, training__num_train_steps=4)
+    restarted = _train(tmp_path, training__num_train_steps=4, checkpoint__restart_from_scratch=True)
+    assert restarted.start_step == 0 and int(restarted.state.step) == 4
+
+
 def test_a_checkpoint_of_another_model_is_refused_naming_what_differs(tmp_path):
     _train(tmp_path, training__num_train_steps=2)
     with pytest.raises(checkpointing.IncompatibleCheckpointError,
