@@ -10,16 +10,23 @@ A job is multi-process when any of these says so (first match wins):
    (MEGASCALE_COORDINATOR_ADDRESS): JAX finds its peers itself;
 4. RESNET_SCALING_DISTRIBUTED=auto (launch/tpu_vm.sh sets it): let JAX auto-detect any cluster it knows.
 
-RESNET_SCALING_DISTRIBUTED=off forces a single process. A process that cannot reach the coordinator fails
-after `initialization_timeout_sec` with a message that says what to check, instead of hanging.
+RESNET_SCALING_DISTRIBUTED=off forces a single process. A process that cannot reach the coordinator, or whose
+job does not form (a peer never started), fails after `initialization_timeout_sec` with one `error:` line that
+says which process is missing and what to check, instead of hanging or aborting with a C++ stack trace.
+A coordinator on a loopback address (launch/local.py's 127.0.0.1) listens on that address only, not on every
+interface; JAX_COORDINATOR_BIND_ADDRESS chooses the address for other jobs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import ipaddress
 import logging
 import os
 import socket
+import sys
+import threading
 import time
 from collections.abc import Mapping
 
@@ -32,6 +39,9 @@ ENV_COORDINATOR = "RESNET_SCALING_COORDINATOR"
 ENV_NUM_PROCESSES = "RESNET_SCALING_NUM_PROCESSES"
 ENV_PROCESS_ID = "RESNET_SCALING_PROCESS_ID"
 ENV_MODE = "RESNET_SCALING_DISTRIBUTED"  # "auto" or "off"
+ENV_BIND_ADDRESS = "JAX_COORDINATOR_BIND_ADDRESS"  # read by jax.distributed.initialize itself
+# JAX is given this much longer than our own deadline, so that the watchdog below speaks first.
+_JAX_TIMEOUT_MARGIN_SEC = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +127,140 @@ def detect(coordinator_address: str | None = None, num_processes: int | None = N
     return None
 
 
+def _split_address(address: str) -> tuple[str, int]:
+    """("host", port) of "host:port" or "[v6 address]:port"."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def coordinator_bind_address(coordinator_address: str | None, env: Mapping[str, str]) -> str | None:
+    """Where process 0's coordinator listens; None leaves it to JAX.
+
+    JAX's default is every interface (`[::]:PORT`, measured with jax 0.10.2). A job whose coordinator
+    address is a loopback address (launch/local.py: 127.0.0.1) binds to that address only, so nothing off
+    this machine can reach the service. JAX_COORDINATOR_BIND_ADDRESS, when set, wins.
+    """
+    if env.get(ENV_BIND_ADDRESS):
+        return env[ENV_BIND_ADDRESS]
+    if coordinator_address and _is_loopback(_split_address(coordinator_address)[0]):
+        return coordinator_address
+    return None
+
+
+def check_coordinator_port(coordinator_address: str, bind_address: str | None) -> None:
+    """Raises if process 0 could not start its coordinator: something already listens at the coordinator
+    address, or holds the port it would bind.
+
+    Why: the coordinator's gRPC server does not report a port in use; the process dies with SIGSEGV
+    (measured with jax 0.10.2), or, when the holder also set SO_REUSEPORT (another JAX job of the same user),
+    both bind and the processes of two jobs meet at one service. Sockets bound with SO_REUSEPORT and not
+    listening (launch/local.py holding the port it chose) do not count.
+
+    Raises:
+      RuntimeError: naming the address and what to do.
+    """
+    host, port = _split_address(coordinator_address)
+    advice = ("Another program, or another job's coordinator, is using that port: choose another port for "
+              "--coordinator_address (launch/local.py picks a free one when --port is not given), or stop "
+              "that program.")
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            pass
+    except OSError:
+        pass  # Nothing accepts connections there: the expected case.
+    else:
+        raise RuntimeError(f"Something already accepts connections at the coordinator address "
+                           f"{coordinator_address}, before this process (process 0) started its coordinator. "
+                           + advice)
+    bind_host, bind_port = _split_address(bind_address) if bind_address else ("::", port)
+    try:
+        infos = socket.getaddrinfo(bind_host or "::", bind_port, type=socket.SOCK_STREAM)
+    except OSError:
+        return  # JAX will report an address it cannot resolve.
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            # The options gRPC sets on its listening socket, so that the probe conflicts where gRPC would.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if hasattr(socket, "SO_REUSEPORT"):
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            try:
+                probe.bind(sockaddr)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    raise RuntimeError(f"The coordinator's port {bind_port} is already in use on this host "
+                                       f"(binding {bind_address or f'[::]:{bind_port}'}: {e.strerror}). "
+                                       + advice) from None
+                return  # Another problem (no IPv6, say): JAX will report it.
+
+
+def did_not_form_message(settings: DistributedSettings, timeout_sec: float) -> str:
+    """What to tell the user when the job's processes did not all connect within `timeout_sec`."""
+    where = settings.coordinator_address or "the address JAX detected"
+    num, index = settings.num_processes, settings.process_id
+    job = f"the {num}-process job" if num else "the job"
+    if index == 0 and num:
+        if num == 2:
+            missing, them, their = "process 1", "it", "its"
+        else:
+            missing, them, their = (f"at least one of processes 1..{num - 1} (JAX does not say which)",
+                                    "each of them", "their")
+        return (f"{missing} never connected to the coordinator at {where} within {timeout_sec:g} s (this is "
+                f"process 0 of {job}, which hosts the coordinator). Start {them} with the same coordinator "
+                f"address and process count, or read {their} output for why it did not start or could not "
+                "reach this host (host name, port, firewall); then start the job again. A longer "
+                "--initialization_timeout_sec helps when processes start far apart.")
+    who = f"process {index}" if index is not None else "this process"
+    seen = (f"{who} reached the coordinator at {where}" if settings.coordinator_address else
+            f"{who} waited at the coordinator ({where})")
+    return (f"{job[0].upper()}{job[1:]} did not form within {timeout_sec:g} s: {seen}, but some other "
+            "process never connected (JAX does not say which). Check that every process was started, with "
+            "the same coordinator address and process count and distinct process ids, and read their output "
+            "(a process that crashed or never started is the usual cause); then start the job again.")
+
+
+class _JoinWatchdog:
+    """Ends the process with one `error:` line if the job has not formed by a deadline.
+
+    Why: when some process never connects, JAX's C++ client aborts every waiting process (SIGABRT, a C++
+    stack trace, "DEADLINE_EXCEEDED ... RegisterTask") at the initialisation timeout, and Python cannot
+    catch that. JAX is given a longer timeout, and this thread speaks first.
+    """
+
+    def __init__(self, timeout_sec: float, message: str) -> None:
+        self._message = message
+        self._lock = threading.Lock()
+        self._finished = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(timeout_sec,), name="join-watchdog",
+                                        daemon=True)
+        self._thread.start()
+
+    def _watch(self, timeout_sec: float) -> None:
+        if self._finished.wait(timeout_sec):
+            return
+        with self._lock:
+            if self._finished.is_set():
+                return
+            sys.stdout.flush()
+            sys.stderr.write(f"error: {self._message}\n")
+            sys.stderr.flush()
+            os._exit(1)  # The main thread is blocked in C++; nothing else would stop it before the abort.
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._finished.set()
+
+
 def wait_for_coordinator(address: str, timeout_sec: float, poll_sec: float = 1.0) -> None:
     """Returns once a TCP connection to `address` ("host:port") succeeds; raises after `timeout_sec`.
 
@@ -127,12 +271,12 @@ def wait_for_coordinator(address: str, timeout_sec: float, poll_sec: float = 1.0
     Raises:
       RuntimeError: nothing accepted connections at `address` within `timeout_sec`.
     """
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]") or "localhost"
+    host, port = _split_address(address)
+    host = host or "localhost"
     deadline = time.monotonic() + timeout_sec
     while True:
         try:
-            with socket.create_connection((host, int(port)), timeout=min(poll_sec * 2, 5.0)):
+            with socket.create_connection((host, port), timeout=min(poll_sec * 2, 5.0)):
                 return
         except OSError as e:
             error = e
@@ -151,37 +295,46 @@ def maybe_initialize(coordinator_address: str | None = None, num_processes: int 
     """Calls `jax.distributed.initialize()` if `detect` finds a multi-process job; call it before any JAX
     computation (the entry point's first step).
 
+    If the other processes have not all connected after `initialization_timeout_sec`, the process writes one
+    `error:` line naming the missing process(es) and exits with status 1 (JAX would abort it with SIGABRT
+    and a C++ stack trace a little later).
+
     Returns:
       The settings used, or None when the process runs alone (nothing was initialised).
 
     Raises:
-      RuntimeError: the job's processes did not all connect within `initialization_timeout_sec`.
+      RuntimeError: the coordinator cannot be reached or started, or JAX raised while joining.
     """
     settings = detect(coordinator_address, num_processes, process_id, env)
     if settings is None:
         return None
+    env = os.environ if env is None else env
     where = settings.coordinator_address or "the address JAX detects"
     logger.info("Multi-process job (%s): joining the coordinator at %s as process %s of %s.", settings.reason,
                 where, "?" if settings.process_id is None else settings.process_id,
                 "?" if settings.num_processes is None else settings.num_processes)
     start = time.monotonic()
+    bind_address = coordinator_bind_address(settings.coordinator_address, env)
     if settings.coordinator_address and settings.process_id not in (None, 0):
         wait_for_coordinator(settings.coordinator_address, initialization_timeout_sec)
-    remaining_sec = max(1, int(initialization_timeout_sec - (time.monotonic() - start)))
-    # If the other processes never connect, XLA aborts this process after the timeout with
-    # DEADLINE_EXCEEDED; this line says what that means.
-    logger.info("Waiting up to %d s for all processes to connect; an abort with DEADLINE_EXCEEDED after "
-                "that means some process never reached %s.", remaining_sec, where)
+    elif settings.coordinator_address:
+        check_coordinator_port(settings.coordinator_address, bind_address)
+    remaining_sec = max(1.0, initialization_timeout_sec - (time.monotonic() - start))
+    logger.info("Waiting up to %.0f s for all processes to connect.", remaining_sec)
+    watchdog = _JoinWatchdog(remaining_sec, did_not_form_message(settings, initialization_timeout_sec))
     try:
         jax.distributed.initialize(
             coordinator_address=settings.coordinator_address, num_processes=settings.num_processes,
-            process_id=settings.process_id, initialization_timeout=remaining_sec)
+            process_id=settings.process_id, coordinator_bind_address=bind_address,
+            initialization_timeout=int(remaining_sec) + _JAX_TIMEOUT_MARGIN_SEC)
     except Exception as e:  # noqa: BLE001 - XLA raises several types; all mean the job did not form.
         raise RuntimeError(
             f"Could not join the multi-process job ({settings.reason}) through the coordinator at {where} "
             f"within {initialization_timeout_sec} s: {e}\nCheck that process 0 is running and reachable at "
             "that host and port (firewall, hostname), that every process was started with the same "
             "coordinator and process count, and that process ids are distinct.") from e
+    finally:
+        watchdog.cancel()
     logger.info("Joined: process %d of %d, %d local of %d devices.", jax.process_index(),
                 jax.process_count(), jax.local_device_count(), jax.device_count())
     return settings

@@ -158,24 +158,29 @@ def test_launcher_cpu_environment_replaces_forced_device_counts():
 def test_two_processes_train_to_the_same_parameters_as_one_process_on_4_devices(tmp_path):
     """2 processes x 2 CPU devices (gloo) and 1 process x 4 devices, same global batches, 3 steps."""
     multi, single = tmp_path / "multi", tmp_path / "single"
-    runs = [
-        subprocess.Popen([sys.executable, str(LAUNCHER), "--num_processes=2", "--cpu_devices_per_process=2",
-                          "--timeout_sec=240", "--", sys.executable, str(WORKER), f"--out={multi}"],
-                         cwd=REPO, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True),
-        subprocess.Popen([sys.executable, str(WORKER), f"--out={single}", "--num_cpu_devices=4",
-                          "--same_batches_as_processes=2"],
-                         cwd=REPO, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True),
+    # Output goes to files, not pipes: waiting on one run while the other fills an undrained pipe would
+    # block it (and, for coupled processes, its peers).
+    logs = [tmp_path / "multi.log", tmp_path / "single.log"]
+    commands = [
+        [sys.executable, str(LAUNCHER), "--num_processes=2", "--cpu_devices_per_process=2",
+         "--timeout_sec=240", "--", sys.executable, str(WORKER), f"--out={multi}"],
+        [sys.executable, str(WORKER), f"--out={single}", "--num_cpu_devices=4",
+         "--same_batches_as_processes=2"],
     ]
+    runs = []
+    for command, log in zip(commands, logs, strict=True):
+        with open(log, "w") as sink:
+            runs.append(subprocess.Popen(command, cwd=REPO, env=_clean_env(), stdout=sink,
+                                         stderr=subprocess.STDOUT, text=True))
     outputs = []
-    for run in runs:
+    for run, log in zip(runs, logs, strict=True):
         try:
-            outputs.append(run.communicate(timeout=300)[0])
+            run.wait(timeout=300)
         except subprocess.TimeoutExpired:
             for r in runs:
                 r.kill()
             pytest.fail("a training process hung")
+        outputs.append(log.read_text())
         assert run.returncode == 0, outputs[-1][-3000:]
     assert "[0] DONE process 0 of 2, 4 devices, step 3" in outputs[0]
     assert "[1] DONE process 1 of 2, 4 devices, step 3" in outputs[0]
