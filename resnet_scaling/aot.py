@@ -7,6 +7,9 @@ abstract=True)` builds the trainer's mesh, plan, state and batch over them as sh
 allocated), and the trainer's jitted `train_step` is lowered with them and compiled. The report gives
 per-device memory against the chip's HBM, FLOPs from XLA's cost analysis and the collectives of the
 compiled step, so a config's fit and communication are known before a pod is rented.
+
+Multislice (`config.system.num_slices` > 1): the topology's devices come from that many slices and the
+report separates in-slice (ICI) from cross-slice (DCN) collectives and their bytes.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import jax
 import ml_collections
 
 from resnet_scaling import hardware, hlo, metrics, training_setup
+from resnet_scaling import mesh as mesh_lib
 
 
 @dataclasses.dataclass
@@ -27,12 +31,14 @@ class CompileReport:
     """What the compiler says about one training step of a config on a topology.
 
     Memory, FLOPs and collectives are per device: XLA compiles one SPMD program that every device runs.
+    `collectives_by_slice` splits them into in-slice (ICI) and cross-slice (DCN) ones.
     """
 
     system: str
     topology: str
     device_kind: str
     num_devices: int
+    num_slices: int
     model: str
     compute_dtype: str
     global_batch_size: int
@@ -46,6 +52,7 @@ class CompileReport:
     flops_per_device: float
     flops_per_step: float
     collectives: dict[str, dict[str, int]]
+    collectives_by_slice: dict[str, dict[str, int]]
     collectives_by_group: list[dict[str, Any]]
     largest_collectives: list[dict[str, Any]]
 
@@ -84,10 +91,23 @@ def compile_train_step(config: ml_collections.ConfigDict, devices: Sequence[jax.
     return compiled, run, compile_sec
 
 
-def _describe(c: hlo.Collective) -> dict[str, Any]:
+def _describe(c: hlo.Collective, slice_of_device: list[int]) -> dict[str, Any]:
     shapes = [f"{dtype}[{','.join(map(str, dims))}]" for dtype, dims in c.operand_shapes]
     return {"kind": c.kind, "name": c.name, "num_elements": c.num_elements, "num_bytes": c.num_bytes,
-            "group_size": c.group_size, "operand_shapes": shapes}
+            "group_size": c.group_size, "operand_shapes": shapes,
+            "crosses_slices": c.crosses_slices(slice_of_device)}
+
+
+def program_device_slices(hlo_text: str, mesh: jax.sharding.Mesh) -> list[int]:
+    """The slice of each device id the compiled program's collectives name.
+
+    A program over every device of the mesh numbers them as `mesh.devices.flat` (`mesh.device_slices`).
+    libtpu compiles a multislice job as one program per slice, numbering a slice's own devices: there every
+    replica group is in-slice and what crosses slices is a DCN transfer (`hlo.Collective.over_dcn`).
+    """
+    slices = mesh_lib.device_slices(mesh)
+    program_devices = hlo.program_num_devices(hlo_text) or len(slices)
+    return [0] * program_devices if program_devices < len(slices) else slices
 
 
 def build_report(config: ml_collections.ConfigDict, devices: Sequence[jax.Device], topology: str = ""
@@ -96,14 +116,18 @@ def build_report(config: ml_collections.ConfigDict, devices: Sequence[jax.Device
     compiled, run, compile_sec = compile_train_step(config, devices)
     plan = run.plan
     num_batch_stats = sum(math.prod(x.shape) for x in jax.tree.leaves(run.state.batch_stats))
-    collectives = hlo.find_collectives(compiled.as_text(), num_devices=plan.num_devices)
+    hlo_text = compiled.as_text()
+    slice_of_device = program_device_slices(hlo_text, run.mesh)
+    collectives = hlo.find_collectives(hlo_text, num_devices=len(slice_of_device))
     largest = sorted(collectives, key=lambda c: c.num_elements, reverse=True)[:8]
+    num_slices = mesh_lib.num_mesh_slices(run.mesh)
     flops_per_device = metrics.flops_per_device(compiled) or 0.0
     return CompileReport(
         system=config.system.name,
         topology=topology,
         device_kind=devices[0].device_kind,
         num_devices=plan.num_devices,
+        num_slices=num_slices,
         model=config.model.name,
         compute_dtype=config.model.compute_dtype,
         global_batch_size=plan.global_batch_size,
@@ -117,8 +141,9 @@ def build_report(config: ml_collections.ConfigDict, devices: Sequence[jax.Device
         flops_per_device=flops_per_device,
         flops_per_step=flops_per_device * plan.num_devices,
         collectives=hlo.summarize(collectives),
-        collectives_by_group=hlo.summarize_by_group(collectives),
-        largest_collectives=[_describe(c) for c in largest],
+        collectives_by_slice=hlo.summarize_by_slice(collectives, slice_of_device),
+        collectives_by_group=hlo.summarize_by_group(collectives, slice_of_device if num_slices > 1 else None),
+        largest_collectives=[_describe(c, slice_of_device) for c in largest],
     )
 
 
@@ -138,10 +163,12 @@ def format_report(report: CompileReport) -> str:
         f"{memory['total'] / hbm:.0%} of {hbm / hardware.GIB:.0f} GiB HBM"
         + ("" if memory["total"] <= hbm else " - DOES NOT FIT"))
     per_image = report.flops_per_step / report.global_batch_size
+    multislice = report.num_slices > 1
+    slices = f" x {report.num_slices} slices" if multislice else ""
     lines = [
         f"| {report.system or report.model} | |",
         "|---|---|",
-        f"| topology | {report.topology or '-'} ({report.num_devices} x {report.device_kind}) |",
+        f"| topology | {report.topology or '-'}{slices} ({report.num_devices} x {report.device_kind}) |",
         f"| model, compute dtype | {report.model}, {report.compute_dtype} |",
         f"| parameters, BN statistics | {report.num_params:,}, {report.num_batch_stats:,} |",
         f"| global batch (per device) | {report.global_batch_size:,} ({report.per_device_batch_size}) |",
@@ -154,16 +181,26 @@ def format_report(report: CompileReport) -> str:
         f"| memory per device: total (+ code, - aliased outputs) | {mib(memory['total'])}, {fits} |",
         f"| FLOPs per device per step | {_flops(report.flops_per_device)} |",
         f"| FLOPs per step (all devices), per image | {_flops(report.flops_per_step)}, {_flops(per_image)} |",
+    ]
+    if multislice:
+        for where, network in ((hlo.IN_SLICE, "ICI"), (hlo.CROSS_SLICE, "DCN")):
+            entry = report.collectives_by_slice[where]
+            lines.append(f"| {where} collectives ({network}): ops, MiB per device | {entry['count']}, "
+                         f"{entry['num_bytes'] / 2**20:,.2f} MiB |")
+    slices_column = ("| slices ", "|---") if multislice else ("", "")
+    lines += [
         "",
-        "| collective | devices per group | element type | ops | elements per device | MiB per device |",
-        "|---|---|---|---|---|---|",
+        f"| collective {slices_column[0]}| devices per group | element type | ops | elements per device | "
+        "MiB per device |",
+        f"|---{slices_column[1]}|---|---|---|---|---|",
     ]
     for row in report.collectives_by_group:
-        lines.append(f"| {row['kind']} | {row['group_size']} | {row['dtype']} | {row['count']} | "
+        where = f"| {row['slices']} " if multislice else ""
+        lines.append(f"| {row['kind']} {where}| {row['group_size']} | {row['dtype']} | {row['count']} | "
                      f"{row['num_elements']:,} | {row['num_bytes'] / 2**20:,.2f} |")
     for kind, entry in sorted(report.collectives.items()):
-        lines.append(f"| **{kind}, all** | | | {entry['count']} | **{entry['num_elements']:,}** | "
-                     f"{entry['num_bytes'] / 2**20:,.2f} |")
+        lines.append(f"| **{kind}, all** {'| ' if multislice else ''}| | | {entry['count']} | "
+                     f"**{entry['num_elements']:,}** | {entry['num_bytes'] / 2**20:,.2f} |")
     if not report.collectives:
-        lines.append("| (none) | | | 0 | 0 | 0 |")
+        lines.append(f"| (none) {'| ' if multislice else ''}| | | 0 | 0 | 0 |")
     return "\n".join(lines)

@@ -113,7 +113,9 @@ def get_base_config() -> ml_collections.ConfigDict:
     # TPU topology for ahead-of-time compilation (resnet_scaling.compile), e.g. "v2:16x16"; "" for none.
     config.system.topology = ""
     config.system.chips_per_host_bounds = (2, 2, 1)  # Chips per TPU host (VM) along x, y, z.
-    config.system.num_slices = 1  # TPU slices joined by the data-center network (multislice).
+    # TPU slices joined by the data-center network (multislice). Above 1: `topology` is one slice's, the
+    # mesh is ("dcn", "data") over every device of every slice, and bn_group_size groups must fit in a slice.
+    config.system.num_slices = 1
 
     config.mesh = ml_collections.ConfigDict()
     config.mesh.num_devices = -1  # Devices in the `data` mesh axis; -1 uses every device of the job.
@@ -126,6 +128,11 @@ def get_base_config() -> ml_collections.ConfigDict:
     config.training.num_epochs = 90.0
     config.training.label_smoothing = 0.0  # Weight of the uniform distribution mixed into the labels.
     config.training.log_every_steps = 100  # Fetch metrics from the device and log them this often.
+    # The divergence guard: a state whose parameter norm grew more than this factor since the run started
+    # (or resumed) is treated as diverged and never checkpointed; 0 turns this check off. Training with
+    # weight decay and BN keeps it within a few x; a runaway learning rate multiplies it by 1e3-1e10 in a
+    # few steps, before the loss turns NaN. NaN or infinite states are never checkpointed either way.
+    config.training.max_param_norm_growth = 100.0
     config.training.tensorboard = True  # Also write TensorBoard event files (clu; imports TensorFlow).
     # Before the timed region (steady-state images/sec, time-to-accuracy) starts: one epoch by default, as
     # the case study ran one warm-up epoch before its clock started; 0 for none.
@@ -205,6 +212,32 @@ def _validate_bn_group_size(config: ml_collections.ConfigDict, num_devices: int 
                  f"{group_size} images per group would split a device's {per_device} images; use a "
                  f"multiple of the per-device batch ({per_device}, {2 * per_device}, ...), or 0 for "
                  f"per-device groups.")
+
+
+def _validate_slices(config: ml_collections.ConfigDict) -> None:
+    """Several slices split the pinned device count evenly, and batch-norm groups (N > 0 images) stay in
+    one slice: a group across slices would all-reduce every BN layer's statistics over DCN, forward and
+    backward. -1 (the global batch) stays allowed: it spans the slices by definition (and evaluation,
+    which has no groups, sets it). `mesh.create_mesh` checks the devices themselves."""
+    num_slices = config.system.num_slices
+    _require(isinstance(num_slices, int) and num_slices >= 1, "system.num_slices",
+             f"use 1 (one slice) or the number of TPU slices of the job, got {num_slices!r}.")
+    if num_slices == 1:
+        return
+    mesh_devices = config.mesh.num_devices
+    _require(mesh_devices == -1 or mesh_devices % num_slices == 0, "mesh.num_devices",
+             f"{mesh_devices} devices do not split evenly into {num_slices} slices; use -1 (every device "
+             f"of every slice) or their total.")
+    group_size = config.model.bn_group_size
+    if group_size <= 0:
+        return
+    global_batch = config.training.global_batch_size
+    slice_batch = global_batch // num_slices
+    _require(global_batch % num_slices == 0 and slice_batch % group_size == 0, "model.bn_group_size",
+             f"groups of {group_size} images would span two of the {num_slices} slices (each holds "
+             f"{global_batch / num_slices:g} of the {global_batch} images per step) and all-reduce BN "
+             f"statistics over the data-center network; use a divisor of a slice's images (a multiple of "
+             f"the per-device batch), 0 for per-device groups, or -1 for the global batch.")
 
 
 def _require(condition: bool, field: str, message: str) -> None:
@@ -302,7 +335,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     ):
         _require_positive(config, field)
     _require(0.0 <= config.model.bn_momentum < 1.0, "model.bn_momentum", "must lie in [0, 1).")
+    growth = config.training.max_param_norm_growth
+    _require(growth == 0 or growth > 1, "training.max_param_norm_growth", f"use 0 (off) or a factor above 1, "
+             f"got {growth}.")
     _validate_bn_group_size(config, num_devices)
+    _validate_slices(config)
     _require(
         config.data.image_size >= 32,
         "data.image_size",

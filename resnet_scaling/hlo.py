@@ -3,6 +3,11 @@
 Used by `resnet_scaling.compile` to report a step's communication (for data parallelism: one gradient
 all-reduce of the parameters plus the batch-norm statistics) and by tests that check a sharding choice
 adds no communication.
+
+Multislice: each collective is in-slice (every replica group's devices lie in one slice, so it runs over
+ICI) or cross-slice (DCN). libtpu compiles a multislice job as one program per slice (`num_partitions` =
+a slice's devices) in which the cross-slice part of a collective is a `send` to the "megascale" runtime
+(`_xla_megascale_transfer_type="ALL_REDUCE"`); those are reported as collectives that cross slices.
 """
 
 from __future__ import annotations
@@ -10,6 +15,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Sequence
+
+import numpy as np
 
 COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
@@ -18,6 +26,11 @@ _ELEMENT_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf
                   "f32": 4, "s64": 8, "u64": 8, "f64": 8}
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([\w\-]+)\((.*)$")
 _ARRAY_SHAPE = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
+# A cross-slice (DCN) transfer of libtpu's multislice runtime, and the slices it spans ("{1,2}x{0:3}").
+_DCN_TRANSFER = re.compile(r'_xla_megascale_transfer_type="(\w+)"')
+_DCN_TARGET = re.compile(r'_xla_megascale_target="\{([\d,]*)\}')
+
+IN_SLICE, CROSS_SLICE = "in-slice", "cross-slice"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +44,9 @@ class Collective:
       num_elements: elements over all operands (what one device contributes).
       num_bytes: bytes over all operands.
       group_size: devices taking part in each replica group (-1 when the text does not say).
+      replica_groups: the device ids (of the program's device assignment) of each group as printed;
+        () where the text lists none (`{}`: one group of every device) or for a DCN transfer.
+      over_dcn: a transfer between slices by libtpu's multislice runtime (its `group_size`: slices).
     """
 
     kind: str
@@ -39,6 +55,22 @@ class Collective:
     num_elements: int
     num_bytes: int
     group_size: int
+    replica_groups: tuple[tuple[int, ...], ...] = ()
+    over_dcn: bool = False
+
+    def crosses_slices(self, slice_of_device: Sequence[int]) -> bool:
+        """Whether some replica group has devices of two slices (or the op is a DCN transfer).
+
+        Args:
+          slice_of_device: the slice of each device id of the program (`mesh.device_slices`; for
+            libtpu's one-program-per-slice form, the same slice for every id).
+        """
+        if self.over_dcn:
+            return True
+        groups = self.replica_groups or (tuple(range(len(slice_of_device))),)
+        # An id the mapping does not know (not expected) counts as another slice: never hide traffic.
+        slice_of = {i: s for i, s in enumerate(slice_of_device)}
+        return any(len({slice_of.get(i, -1 - i) for i in group}) > 1 for group in groups)
 
 
 def _shapes(text: str) -> list[tuple[str, tuple[int, ...]]]:
@@ -76,6 +108,38 @@ def _group_size(attributes: str, num_devices: int | None) -> int:
     return -1
 
 
+def _replica_groups(attributes: str) -> tuple[tuple[int, ...], ...]:
+    """The device ids of each replica group (or source/target pair), from any printed form; () if none."""
+    if match := re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", attributes):
+        ids = np.arange(math.prod(int(d) for d in match[3].split(","))).reshape(
+            [int(d) for d in match[3].split(",")])
+        if match[4]:
+            ids = ids.transpose([int(d) for d in match[4].split(",")])
+        return tuple(tuple(int(i) for i in row) for row in ids.reshape(int(match[1]), int(match[2])))
+    if match := re.search(r"(?:replica_groups|source_target_pairs)=\{((?:\{[\d,]*\},?)+)\}", attributes):
+        return tuple(tuple(int(i) for i in group.split(",") if i)
+                     for group in re.findall(r"\{([\d,]*)\}", match[1]))
+    if match := re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attributes):
+        sizes = dict(re.findall(r"'([^']+)'=(\d+)", match[1]))
+        names = list(sizes)
+        grouped = [names.index(a) for a in re.findall(r"'([^']+)'", match[2])]
+        ids = np.arange(math.prod(int(v) for v in sizes.values())).reshape([int(v) for v in sizes.values()])
+        others = [i for i in range(len(names)) if i not in grouped]
+        ids = ids.transpose(others + grouped).reshape(-1, math.prod(ids.shape[i] for i in grouped))
+        return tuple(tuple(int(i) for i in row) for row in ids)
+    return ()
+
+
+def program_num_devices(hlo_text: str) -> int | None:
+    """Devices one program runs on (`replica_count` x `num_partitions` of the module), if printed."""
+    header = match[0] if (match := re.search(r"^HloModule.*$", hlo_text, re.MULTILINE)) else ""
+    partitions = re.search(r"\bnum_partitions=(\d+)", header)
+    replicas = re.search(r"\breplica_count=(\d+)", header)
+    if not partitions and not replicas:
+        return None
+    return (int(partitions[1]) if partitions else 1) * (int(replicas[1]) if replicas else 1)
+
+
 def find_collectives(hlo_text: str, num_devices: int | None = None) -> list[Collective]:
     """Every collective in an HLO module's text (`compiled.as_text()`), in program order.
 
@@ -84,7 +148,8 @@ def find_collectives(hlo_text: str, num_devices: int | None = None) -> list[Coll
       num_devices: devices of the program, to size `replica_groups={}` (all of them).
 
     Returns:
-      One `Collective` per synchronous op or per asynchronous `-start` (its `-done` is not counted).
+      One `Collective` per synchronous op or per asynchronous `-start` (its `-done` is not counted), and
+      one per DCN transfer (`send`; its `recv` is not counted) of a multislice program.
     """
     shapes_by_name: dict[str, str] = {}
     found: list[tuple[str, str, str, str]] = []
@@ -95,18 +160,27 @@ def find_collectives(hlo_text: str, num_devices: int | None = None) -> list[Coll
         name, shape, opcode, rest = match.groups()
         shapes_by_name[name] = shape
         kind = opcode.removesuffix("-start")
-        if kind in COLLECTIVE_KINDS:
+        if kind == "send" and (transfer := _DCN_TRANSFER.search(rest)):
+            found.append((transfer[1].lower().replace("_", "-"), name, shape, rest))
+        elif kind in COLLECTIVE_KINDS:
             found.append((kind, name, shape, rest))
     collectives = []
     for kind, name, shape, rest in found:
+        over_dcn = _DCN_TRANSFER.search(rest) is not None
         operands = _operand_names(rest)
         operand_shapes = [s for op in operands for s in _shapes(shapes_by_name.get(op, ""))]
         if not operand_shapes:  # operands not printed with names: fall back to the result's shape
             operand_shapes = _shapes(shape)
         num_elements = sum(math.prod(dims) for _, dims in operand_shapes)
         num_bytes = sum(math.prod(dims) * _ELEMENT_BYTES[dtype] for dtype, dims in operand_shapes)
+        if over_dcn:
+            target = _DCN_TARGET.search(rest)
+            group_size = len(target[1].split(",")) if target else -1
+            replica_groups = ()
+        else:
+            group_size, replica_groups = _group_size(rest, num_devices), _replica_groups(rest)
         collectives.append(Collective(kind, name, tuple(operand_shapes), num_elements, num_bytes,
-                                      _group_size(rest, num_devices)))
+                                      group_size, replica_groups, over_dcn))
     return collectives
 
 
@@ -121,20 +195,40 @@ def summarize(collectives: list[Collective]) -> dict[str, dict[str, int]]:
     return summary
 
 
-def summarize_by_group(collectives: list[Collective]) -> list[dict[str, object]]:
+def summarize_by_slice(collectives: list[Collective], slice_of_device: Sequence[int]
+                       ) -> dict[str, dict[str, int]]:
+    """In-slice (ICI) and cross-slice (DCN) collectives: ops, and the elements and bytes they move per
+    device. `slice_of_device` as for `Collective.crosses_slices`."""
+    summary = {where: {"count": 0, "num_elements": 0, "num_bytes": 0} for where in (IN_SLICE, CROSS_SLICE)}
+    for c in collectives:
+        entry = summary[CROSS_SLICE if c.crosses_slices(slice_of_device) else IN_SLICE]
+        entry["count"] += 1
+        entry["num_elements"] += c.num_elements
+        entry["num_bytes"] += c.num_bytes
+    return summary
+
+
+def summarize_by_group(collectives: list[Collective], slice_of_device: Sequence[int] | None = None
+                       ) -> list[dict[str, object]]:
     """Per (kind, devices per group, element type): ops, elements and bytes per device, largest first.
 
-    Tells a gradient all-reduce over every device from batch-norm reductions within a few devices.
+    Tells a gradient all-reduce over every device from batch-norm reductions within a few devices. With
+    `slice_of_device` (multislice), rows also say where the ops run ("slices": in-slice or cross-slice).
     """
-    rows: dict[tuple[str, int, str], dict[str, object]] = {}
+    rows: dict[tuple[str, int, str, str], dict[str, object]] = {}
     for c in collectives:
+        where = "" if slice_of_device is None else (
+            CROSS_SLICE if c.crosses_slices(slice_of_device) else IN_SLICE)
+        keys = set()
         for dtype, dims in c.operand_shapes or (("?", ()),):
-            key = (c.kind, c.group_size, dtype)
+            key = (c.kind, c.group_size, dtype, where)
+            keys.add(key)
             row = rows.setdefault(key, {"kind": c.kind, "group_size": c.group_size, "dtype": dtype,
+                                        **({"slices": where} if where else {}),
                                         "count": 0, "num_elements": 0, "num_bytes": 0})
             elements = math.prod(dims)
             row["num_elements"] += elements
             row["num_bytes"] += elements * _ELEMENT_BYTES.get(dtype, 0)
-        for key in {(c.kind, c.group_size, dtype) for dtype, _ in c.operand_shapes or (("?", ()),)}:
+        for key in keys:
             rows[key]["count"] += 1
     return sorted(rows.values(), key=lambda r: -int(r["num_elements"]))

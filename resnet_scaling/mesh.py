@@ -1,18 +1,25 @@
 """The device mesh, its shardings, and host-local batches turned into global arrays.
 
-One parallelism path for 1 to 512+ devices: a `Mesh` with a single `data` axis over every device of the
-job; batches are sharded along it and the train state is replicated.
+One parallelism path for 1 to 512+ devices: data parallelism, batches sharded over every device of the job
+and the train state replicated. One slice (or one GPU host, or a CPU) gets a 1-D mesh with axis `data`.
+Several TPU slices joined by the data-center network (multislice, `config.system.num_slices` > 1) get a
+2-D mesh ("dcn", "data"): one row per slice, a slice's devices along `data` (its ICI), and the batch split
+over both axes, slice-major. Consecutive batch rows therefore lie on consecutive devices of one slice, so
+batch-norm groups of whole devices stay inside a slice; the gradient all-reduce is left to XLA, which on
+TPU reduces within each slice over ICI before anything crosses DCN (see aot.py and the README).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-DATA_AXIS = "data"
+DATA_AXIS = "data"  # Devices of one slice (ICI); the only axis of a single-slice mesh.
+DCN_AXIS = "dcn"  # Slices, joined by the data-center network; present when there are several.
 
 
 def mesh_size(num_devices: int, num_available: int) -> int:
@@ -20,10 +27,25 @@ def mesh_size(num_devices: int, num_available: int) -> int:
     return num_available if num_devices == -1 else num_devices
 
 
-def create_mesh(num_devices: int = -1, devices: list[jax.Device] | None = None) -> Mesh:
-    """Returns a 1-D mesh with axis `data` over `num_devices` devices (-1: all of `jax.devices()`).
+def device_slice_count(devices: Sequence[jax.Device]) -> int:
+    """TPU slices the devices come from (their `slice_index`); 1 for devices without one (CPU, GPU)."""
+    return len({getattr(d, "slice_index", 0) for d in devices})
 
-    With fewer devices than the job has (single-process runs only), the first `num_devices` are used.
+
+def create_mesh(num_devices: int = -1, devices: list[jax.Device] | None = None,
+                num_slices: int | None = None) -> Mesh:
+    """Returns the data-parallel mesh over `num_devices` devices (-1: all of `jax.devices()`).
+
+    Args:
+      num_devices: `config.mesh.num_devices`. With fewer devices than the job has (single-process,
+        single-slice runs only), the first `num_devices` are used.
+      devices: the devices to use (default: the job's); a TPU topology's for ahead-of-time compiles.
+      num_slices: `config.system.num_slices`; None: as many as the devices come from. Above 1: the
+        ("dcn", "data") mesh of `hybrid_device_grid` (TPU) or `fake_slices_device_grid` (devices without
+        a `slice_index`, e.g. 8 CPU devices as 2 "slices" of 4, to test the multislice path).
+
+    Returns:
+      A 1-D mesh (axis `data`) for one slice, else a 2-D mesh (`dcn`, `data`).
     """
     devices = list(devices if devices is not None else jax.devices())
     num_devices = mesh_size(num_devices, len(devices))
@@ -39,12 +61,69 @@ def create_mesh(num_devices: int = -1, devices: list[jax.Device] | None = None) 
         raise ValueError(
             "config.mesh.num_devices: a multi-process job must use every device; set it to -1."
         )
-    return Mesh(np.array(devices[:num_devices]), (DATA_AXIS,))
+    device_slices = device_slice_count(devices)
+    if num_slices is None:
+        num_slices = device_slices
+    if device_slices > 1 and num_slices != device_slices:
+        raise ValueError(f"config.system.num_slices: the devices come from {device_slices} TPU slices; set "
+                         f"--config.system.num_slices={device_slices}.")
+    if num_slices == 1:
+        return Mesh(np.array(devices[:num_devices]), (DATA_AXIS,))
+    if num_slices < 1 or num_devices != len(devices) or num_devices % num_slices:
+        raise ValueError(
+            f"config.system.num_slices: {num_slices} slices need every device of the job, split evenly "
+            f"between them ({num_devices} of {len(devices)} devices asked for); set "
+            f"--config.mesh.num_devices=-1, or num_slices to a divisor of the device count.")
+    if device_slices > 1:
+        grid = hybrid_device_grid(devices, num_slices)
+    else:
+        grid = fake_slices_device_grid(devices, num_slices)
+    return Mesh(grid, (DCN_AXIS, DATA_AXIS))
+
+
+def hybrid_device_grid(devices: Sequence[jax.Device], num_slices: int) -> np.ndarray:
+    """[num_slices, devices per slice] of TPU devices: row s holds slice s's devices (`slice_index`), in
+    the ICI order `mesh_utils.create_hybrid_device_mesh` picks (a ring through the slice's torus).
+
+    Topologies that function cannot lay out (e.g. one device per TensorCore on v4) keep the given order
+    within each slice.
+    """
+    from jax.experimental import mesh_utils
+
+    per_slice = len(devices) // num_slices
+    try:
+        return mesh_utils.create_hybrid_device_mesh((1, per_slice), (num_slices, 1), devices)
+    except (AssertionError, NotImplementedError, ValueError):
+        by_slice = sorted(devices, key=lambda d: d.slice_index)  # stable: the given order within a slice
+        return np.array(by_slice).reshape(num_slices, per_slice)
+
+
+def fake_slices_device_grid(devices: Sequence[jax.Device], num_slices: int) -> np.ndarray:
+    """[num_slices, devices per slice] of devices that have no slices (CPU, GPU): consecutive devices form
+    one pretend slice, so the multislice mesh and its programs run and are tested on one host."""
+    return np.array(devices).reshape(num_slices, len(devices) // num_slices)
+
+
+def num_mesh_slices(mesh: Mesh) -> int:
+    """Slices along the mesh's `dcn` axis (1 for a single-slice mesh)."""
+    return dict(mesh.shape).get(DCN_AXIS, 1)
+
+
+def device_slices(mesh: Mesh) -> list[int]:
+    """The slice of each device of the mesh, in `mesh.devices.flat` order (the order of the device
+    assignment a jitted program over the mesh gets, so the ids in its `replica_groups`)."""
+    per_slice = mesh.size // num_mesh_slices(mesh)
+    return [position // per_slice for position in range(mesh.size)]
+
+
+def batch_axes(mesh: Mesh) -> str | tuple[str, ...]:
+    """The mesh axes the batch dimension is split over: `data`, or (`dcn`, `data`) slice-major."""
+    return DATA_AXIS if mesh.axis_names == (DATA_AXIS,) else tuple(mesh.axis_names)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Leading (batch) dimension split over the `data` axis, other dimensions whole."""
-    return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+    """Leading (batch) dimension split over every device (`batch_axes`), other dimensions whole."""
+    return NamedSharding(mesh, PartitionSpec(batch_axes(mesh)))
 
 
 def replicated_sharding(mesh: Mesh) -> NamedSharding:
@@ -63,7 +142,7 @@ def host_local_to_global(batch: Any, mesh: Mesh) -> Any:
     """Assembles this process's part of a batch (a pytree of NumPy arrays) into global `jax.Array`s.
 
     Every process calls this with its own `BatchPlan.per_process_batch_size` rows; together they form the
-    global batch, sharded over `data`.
+    global batch, sharded over the batch axes.
     """
     sharding = batch_sharding(mesh)
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), batch)

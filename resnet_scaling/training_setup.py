@@ -99,7 +99,7 @@ def setup(config: ml_collections.ConfigDict, *, devices: Sequence[jax.Device] | 
     """
     devices = list(devices if devices is not None else jax.devices())
     config_lib.validate(config, mesh_lib.mesh_size(config.mesh.num_devices, len(devices)))
-    mesh = mesh_lib.create_mesh(config.mesh.num_devices, devices)
+    mesh = mesh_lib.create_mesh(config.mesh.num_devices, devices, num_slices=config.system.num_slices)
     batch = plan_lib.batch_plan_for_mesh(config, mesh)
     if abstract:
         source = None

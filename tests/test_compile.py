@@ -17,16 +17,48 @@ import pytest
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 pytest.importorskip("libtpu", reason="ahead-of-time TPU compilation needs libtpu: pip install -e '.[tpu]'")
 
-from resnet_scaling import aot, hardware  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax.sharding import PartitionSpec  # noqa: E402
+
+from resnet_scaling import aot, hardware, hlo  # noqa: E402
+from resnet_scaling import mesh as mesh_lib  # noqa: E402
+from resnet_scaling.mesh import DATA_AXIS, DCN_AXIS  # noqa: E402
 from tests.helpers import tiny_config  # noqa: E402
 
 TOPOLOGY = "v2:2x2"
 NUM_SCALAR_METRICS = 3  # loss, top-1 and top-5 are means over the global batch
+# Two v5e slices of 2x2 chips (4 devices each), joined by DCN.
+SLICE_TOPOLOGY, NUM_SLICES = "v5e:2x2", 2
 
 
 @pytest.fixture(scope="module")
 def devices():
     return aot.topology_devices(TOPOLOGY)
+
+
+@pytest.fixture(scope="module")
+def two_slices():
+    return aot.topology_devices(SLICE_TOPOLOGY, num_slices=NUM_SLICES)
+
+
+def _resnet_tiny_sizes(num_filters: int = 8, num_classes: int = 10) -> tuple[int, int, int]:
+    """(parameters, BN statistics, channels of the projection BNs) of `resnet_tiny`, counted from its
+    architecture (stem conv 7x7 + BN; four stages of one basic block of two 3x3 convs + BNs, a 1x1
+    projection + BN where the width doubles; dense), not from the model code."""
+    conv_weights, bn_channels, projection_channels = 7 * 7 * 3 * num_filters, num_filters, 0
+    width = num_filters
+    for stage in range(4):
+        out = num_filters * 2**stage
+        conv_weights += 9 * width * out + 9 * out * out
+        bn_channels += 2 * out
+        if out != width:
+            conv_weights += width * out
+            bn_channels += out
+            projection_channels += out
+        width = out
+    num_params = conv_weights + 2 * bn_channels + width * num_classes + num_classes
+    return num_params, 2 * bn_channels, projection_channels
 
 
 def _config(**overrides):
@@ -46,15 +78,17 @@ def test_per_device_batch_norm_step_communicates_only_gradients_and_bn_statistic
     running BN statistics and the scalar metrics: nothing else crosses devices."""
     report = aot.build_report(_config(model__bn_group_size=0), devices, TOPOLOGY)
     assert report.num_devices == 8 and report.per_device_batch_size == 2 and report.bn_group_size == 2
-    # One all-reduce: no BN reduction sits in the forward or backward pass, so XLA combines everything.
-    assert report.collectives == {"all-reduce": {"count": 1, **{
-        k: report.collectives["all-reduce"][k] for k in ("num_elements", "num_bytes")}}}
+    num_params, num_batch_stats, projection_channels = _resnet_tiny_sizes()
+    assert (report.num_params, report.num_batch_stats) == (num_params, num_batch_stats) == (78_962, 720)
+    # One float32 all-reduce of every gradient, the running BN statistics and the scalar metrics: no BN
+    # reduction sits in the forward or backward pass, so XLA combines everything. It reduces identical
+    # gradients once: the biases of the two BNs that feed one residual sum (the projection's and the
+    # block's last) get the same gradient, 16 + 32 + 64 channels here.
+    expected_elements = num_params + num_batch_stats + NUM_SCALAR_METRICS - projection_channels
+    assert report.collectives == {"all-reduce": {"count": 1, "num_elements": expected_elements,
+                                                 "num_bytes": 4 * expected_elements}}
     assert report.largest_collectives[0]["group_size"] == 8
-    all_reduced = report.collectives["all-reduce"]["num_elements"]
-    expected = report.num_params + report.num_batch_stats + NUM_SCALAR_METRICS
-    # XLA reduces identical gradients once: the biases of the two BNs that feed one residual sum (the
-    # downsample branch's and the block's last) get the same gradient, 16 + 32 + 64 channels here.
-    assert expected - (16 + 32 + 64) <= all_reduced <= expected
+    assert report.num_slices == 1 and report.collectives_by_slice["cross-slice"]["count"] == 0
     assert report.memory_bytes["argument"] > 0 and report.memory_bytes["temp"] > 0
     # The state is donated: the new state is written into the old one's buffers.
     assert report.memory_bytes["alias"] > 0
@@ -70,19 +104,23 @@ def test_global_batch_norm_adds_the_backward_statistics(devices):
     assert report.bn_group_size is None
     assert set(report.collectives) == {"all-reduce"}
     all_reduced = report.collectives["all-reduce"]["num_elements"]
-    lower = report.num_params + report.num_batch_stats
-    assert lower <= all_reduced <= lower + report.num_batch_stats + NUM_SCALAR_METRICS
+    num_params, num_batch_stats, _ = _resnet_tiny_sizes()
+    lower = num_params + num_batch_stats
+    assert lower <= all_reduced <= lower + num_batch_stats + NUM_SCALAR_METRICS
+    assert report.collectives["all-reduce"]["num_bytes"] == 4 * all_reduced  # float32 throughout
     assert all(c["group_size"] == 8 for c in report.largest_collectives)
 
 
-def test_compile_command_prints_the_report_and_writes_json(tmp_path):
+@pytest.mark.parametrize("topology, num_slices", [(TOPOLOGY, 1), (SLICE_TOPOLOGY, NUM_SLICES)])
+def test_compile_command_prints_the_report_and_writes_json(tmp_path, topology, num_slices):
     out = tmp_path / "report.json"
     config_file = tmp_path / "tiny.py"
     config_file.write_text(
         "from tests.helpers import tiny_config\n"
         "def get_config():\n"
         "    config = tiny_config(data__source='synthetic', data__num_train_examples=64)\n"
-        f"    config.system.topology = {TOPOLOGY!r}\n"
+        f"    config.system.topology = {topology!r}\n"
+        f"    config.system.num_slices = {num_slices}\n"
         "    return config\n")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": repo}
@@ -92,10 +130,18 @@ def test_compile_command_prints_the_report_and_writes_json(tmp_path):
          "--config.model.bn_group_size=0"],
         cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "| all-reduce |" in result.stdout and "8 x TPU v2" in result.stdout
     report = json.loads(out.read_text())
-    assert report["topology"] == TOPOLOGY and report["num_devices"] == 8
+    assert report["topology"] == topology and report["num_devices"] == 8
     assert report["memory_bytes"]["total"] > 0 and report["flops_per_device"] > 0
+    assert report["num_slices"] == num_slices
+    if num_slices == 1:
+        assert "| all-reduce |" in result.stdout and "8 x TPU v2" in result.stdout
+        assert "cross-slice" not in result.stdout
+    else:
+        assert "v5e:2x2 x 2 slices (8 x TPU v5 lite)" in result.stdout
+        assert "| cross-slice collectives (DCN): ops, MiB per device |" in result.stdout
+        assert "| all-reduce | cross-slice | 2 | f32 |" in result.stdout
+        assert report["collectives_by_slice"]["cross-slice"]["num_bytes"] > 0
 
 
 def _system_configs():
@@ -126,3 +172,77 @@ def test_hbm_per_device_splits_a_chip_between_its_cores(devices):
     one_per_chip = [types.SimpleNamespace(device_kind="TPU v5", coords=(i, 0, 0), id=i) for i in range(4)]
     assert hardware.hbm_bytes_per_device(one_per_chip) == 95 * 2**30
     assert hardware.hbm_bytes_per_device(devices, "some future chip") is None
+
+
+def test_two_slices_come_from_libtpu_with_slice_indices_and_make_a_dcn_mesh(two_slices):
+    assert len(two_slices) == 8 and {d.device_kind for d in two_slices} == {"TPU v5 lite"}
+    assert sorted({d.slice_index for d in two_slices}) == [0, 1]
+    m = mesh_lib.create_mesh(devices=two_slices, num_slices=NUM_SLICES)
+    assert dict(m.shape) == {"dcn": 2, "data": 4}
+    assert [{d.slice_index for d in row} for row in m.devices] == [{0}, {1}]  # one row per slice
+    with pytest.raises(ValueError, match=r"config.system.num_slices: the devices come from 2 TPU slices"):
+        mesh_lib.create_mesh(devices=two_slices, num_slices=1)
+
+
+def test_two_slice_step_reduces_gradients_in_each_slice_before_crossing_slices(two_slices):
+    """What XLA makes of the data-parallel step on two slices: the gradients are reduce-scattered over
+    each slice's 4 devices (ICI), each device's quarter is all-reduced between the 2 slices (DCN), and
+    batch-norm groups of 2 devices reduce inside their slice. So a device sends about a quarter of the
+    gradient bytes over DCN, not all of them (tile padding of narrow layers adds a little)."""
+    num_filters = 32  # Wide enough that lane padding of the DCN transfers stays small.
+    config = _config(model__bn_group_size=4, model__num_filters=num_filters, system__num_slices=NUM_SLICES)
+    config.system.device_kind = "TPU v5 lite"
+    report = aot.build_report(config, two_slices, SLICE_TOPOLOGY)
+    num_params, _, _ = _resnet_tiny_sizes(num_filters)
+    assert report.num_slices == 2 and report.num_devices == 8 and report.num_params == num_params
+    rows = report.collectives_by_group
+    cross = [r for r in rows if r["slices"] == "cross-slice"]
+    assert cross and all((r["kind"], r["group_size"], r["dtype"]) == ("all-reduce", 2, "f32") for r in cross)
+    in_slice_scatter = sum(r["num_elements"] for r in rows
+                           if (r["kind"], r["slices"], r["group_size"]) == ("reduce-scatter", "in-slice", 4))
+    assert in_slice_scatter > num_params / 2  # most gradients are reduce-scattered within the slice first
+    # Batch-norm statistics of 2-device groups never leave their slice.
+    assert any((r["kind"], r["slices"], r["group_size"]) == ("all-reduce", "in-slice", 2) for r in rows)
+    by_slice = report.collectives_by_slice
+    assert by_slice["cross-slice"]["count"] == sum(r["count"] for r in cross)
+    assert by_slice["cross-slice"]["num_bytes"] == 4 * by_slice["cross-slice"]["num_elements"]
+    assert num_params / 4 <= by_slice["cross-slice"]["num_elements"] < num_params / 2
+    text = aot.format_report(report)
+    assert "| topology | v5e:2x2 x 2 slices (8 x TPU v5 lite) |" in text
+    cross_ops = by_slice["cross-slice"]["count"]
+    assert f"| cross-slice collectives (DCN): ops, MiB per device | {cross_ops}, " in text
+
+
+def test_xla_reduces_within_slices_first_where_an_explicit_two_level_psum_would_not(two_slices):
+    """Why steps.py leaves the gradient reduction to XLA: for a batch sharded over ("dcn", "data"), libtpu
+    reduce-scatters within each slice, all-reduces a quarter per device between slices and gathers it back;
+    an explicit psum over `data` then `dcn` (shard_map) sends the whole gradient over DCN."""
+    m = mesh_lib.create_mesh(devices=two_slices, num_slices=NUM_SLICES)
+    weights = jax.ShapeDtypeStruct((512, 1024), jnp.float32, sharding=mesh_lib.replicated_sharding(m))
+    batch = jax.ShapeDtypeStruct((64, 512), jnp.float32, sharding=mesh_lib.batch_sharding(m))
+
+    def loss(w, x):
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+    def sharded_step(w, x):  # what steps.train_step does: a global mean under jit
+        return w - 0.1 * jax.grad(loss)(w, x)
+
+    def two_level_psum_step(w, x):
+        def per_device(w, x):
+            grads = jax.lax.psum(jax.grad(loss)(w, x) / m.size, DATA_AXIS)  # ICI first,
+            return w - 0.1 * jax.lax.psum(grads, DCN_AXIS)  # then DCN
+        return jax.shard_map(per_device, mesh=m, in_specs=(PartitionSpec(), mesh_lib.batch_sharding(m).spec),
+                             out_specs=PartitionSpec(), check_vma=False)(w, x)
+
+    num_weights = 512 * 1024
+    cross_slice = {}
+    for step in (sharded_step, two_level_psum_step):
+        replicated = mesh_lib.replicated_sharding(m)
+        text = jax.jit(step, out_shardings=replicated).lower(weights, batch).compile().as_text()
+        slices = aot.program_device_slices(text, m)
+        assert slices == [0, 0, 0, 0]  # libtpu compiles one program per slice
+        cross_slice[step.__name__] = hlo.summarize_by_slice(hlo.find_collectives(text), slices)["cross-slice"]
+    assert cross_slice["sharded_step"] == {"count": 1, "num_elements": num_weights // 4,
+                                           "num_bytes": 4 * num_weights // 4}
+    assert cross_slice["two_level_psum_step"] == {"count": 1, "num_elements": num_weights,
+                                                  "num_bytes": 4 * num_weights}

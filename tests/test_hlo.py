@@ -1,10 +1,12 @@
-"""Finding collectives in compiled HLO text (`resnet_scaling.hlo`), on the printed forms XLA uses."""
+"""Finding collectives in compiled HLO text (`resnet_scaling.hlo`), on the printed forms XLA uses, and telling
+in-slice (ICI) from cross-slice (DCN) ones for multislice meshes."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec
 
 from resnet_scaling import hlo
 from resnet_scaling import mesh as mesh_lib
@@ -73,3 +75,82 @@ def test_summarize_by_group_separates_device_groups_and_element_types():
     assert pairs == [{"kind": "all-reduce", "group_size": 2, "dtype": "f32", "count": 2, "num_elements": 20,
                       "num_bytes": 80}]
     assert {(r["kind"], r["dtype"]) for r in rows} >= {("all-gather", "bf16"), ("collective-permute", "bf16")}
+
+
+# One slice's program of a 2-slice job as libtpu compiles it (num_partitions = the slice's 4 devices): the
+# gradient is reduce-scattered in the slice, each shard all-reduced between slices by a megascale `send`
+# (its `recv` and `-done`s are the same transfer), and gathered back in the slice.
+_MEGASCALE = ('is_host_transfer=true, frontend_attributes={'
+              '_xla_host_transfer_handler_name="xla_megascale_runtime",_xla_host_transfer_rendezvous="all-reduce.1_0",_xla_megascale_reduce_operation="SUM",'
+              '_xla_megascale_target="{1,2}x{0:3}",_xla_megascale_transfer_type="ALL_REDUCE"}')
+_SHARD = "f32[128,8,128]{2,1,0:T(8,128)}"
+MULTISLICE_HLO = "\n".join([
+    "HloModule jit_train_step, is_scheduled=true, num_partitions=4, frontend_attributes={x=\"y\"}",
+    "",
+    "ENTRY %main (p0: f32[512,1024]) -> f32[512,1024] {",
+    "  %p0 = f32[512,1024]{1,0} parameter(0)",
+    "  %reduce-scatter.1 = f32[128,1024]{1,0:T(8,128)} reduce-scatter(%p0), channel_id=1, "
+    "replica_groups={{0,1,2,3}}, use_global_device_ids=true, dimensions={0}, to_apply=%add",
+    f"  %bitcast = {_SHARD} bitcast(%reduce-scatter.1)",
+    "  %after-all = token[] after-all()",
+    f"  %send = ({_SHARD}, u32[], token[]) send(%bitcast, %after-all), channel_id=2, {_MEGASCALE}",
+    f"  %recv = ({_SHARD}, u32[], token[]) recv(%after-all), channel_id=1, {_MEGASCALE}",
+    "  %send-done = token[] send-done(%send), channel_id=2, is_host_transfer=true",
+    f"  %recv-done = ({_SHARD}, token[]) recv-done(%recv), channel_id=1, is_host_transfer=true",
+    "  %host-send = (f32[2]{0}, u32[], token[]) send(%p0, %after-all), channel_id=3, is_host_transfer=true",
+    "  %bitcast.1 = f32[128,1024]{1,0} bitcast(%recv-done)",
+    "  ROOT %all-gather.6 = f32[512,1024]{1,0} all-gather(%bitcast.1), channel_id=1, "
+    "replica_groups=[1,4]<=[4], dimensions={0}, use_global_device_ids=true",
+    "}",
+])
+
+def test_a_multislice_program_reports_its_dcn_transfers_as_cross_slice_collectives():
+    assert hlo.program_num_devices(MULTISLICE_HLO) == 4 and hlo.program_num_devices(HLO) is None
+    found = hlo.find_collectives(MULTISLICE_HLO, num_devices=4)
+    assert [(c.kind, c.name, c.num_elements, c.group_size, c.over_dcn) for c in found] == [
+        ("reduce-scatter", "reduce-scatter.1", 512 * 1024, 4, False),
+        ("all-reduce", "send", 128 * 1024, 2, True),  # the DCN transfer: 1/4 of the gradient, 2 slices
+        ("all-gather", "all-gather.6", 128 * 1024, 4, False),  # a plain host `send` is not a collective
+    ]
+    one_slice = [0, 0, 0, 0]  # The program numbers only its own slice's devices.
+    assert [c.crosses_slices(one_slice) for c in found] == [False, True, False]
+    assert hlo.summarize_by_slice(found, one_slice) == {
+        "in-slice": {"count": 2, "num_elements": 5 * 128 * 1024, "num_bytes": 4 * 5 * 128 * 1024},
+        "cross-slice": {"count": 1, "num_elements": 128 * 1024, "num_bytes": 4 * 128 * 1024}}
+    rows = hlo.summarize_by_group(found, one_slice)
+    assert [(r["kind"], r["slices"], r["group_size"], r["num_elements"]) for r in rows] == [
+        ("reduce-scatter", "in-slice", 4, 512 * 1024), ("all-reduce", "cross-slice", 2, 128 * 1024),
+        ("all-gather", "in-slice", 4, 128 * 1024)]
+
+
+@pytest.mark.parametrize("groups, expected", [
+    ("replica_groups={{0,1,2,3},{4,5,6,7}}", ((0, 1, 2, 3), (4, 5, 6, 7))),
+    ("replica_groups=[2,4]<=[8]", ((0, 1, 2, 3), (4, 5, 6, 7))),
+    ("replica_groups=[2,4]<=[4,2]T(1,0)", ((0, 2, 4, 6), (1, 3, 5, 7))),
+    ("replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0'}", ((0, 2, 4, 6), (1, 3, 5, 7))),
+    ("replica_groups={}", ()),
+])
+def test_replica_groups_of_every_printed_form_say_whether_they_cross_slices(groups, expected):
+    text = f"  %ar = f32[10]{{0}} all-reduce(%g), {groups}, to_apply=%add\n"
+    (found,) = hlo.find_collectives(text, num_devices=8)
+    assert found.replica_groups == expected
+    two_slices = [0, 0, 0, 0, 1, 1, 1, 1]
+    # Consecutive devices 0-3 and 4-7 are the two slices; {} is one group of every device.
+    assert found.crosses_slices(two_slices) == (expected != ((0, 1, 2, 3), (4, 5, 6, 7)))
+    assert not found.crosses_slices([0] * 8)
+
+
+def test_two_pretend_slices_on_cpu_separate_in_slice_from_cross_slice_reductions():
+    """On the ("dcn", "data") mesh of 8 CPU devices, a sum over the whole batch all-reduces across both
+    slices, and a sum per slice (what a batch-norm group inside a slice does) stays in each slice."""
+    mesh = mesh_lib.create_mesh(num_slices=2)
+    batch, replicated = mesh_lib.batch_sharding(mesh), mesh_lib.replicated_sharding(mesh)
+    per_slice = NamedSharding(mesh, PartitionSpec("dcn"))
+    whole = jax.jit(lambda x: jnp.sum(x, axis=0), in_shardings=batch, out_shardings=replicated)
+    by_slice = jax.jit(lambda x: jnp.sum(x.reshape(2, 8, 5), axis=1), in_shardings=batch,
+                       out_shardings=per_slice)
+    slices = mesh_lib.device_slices(mesh)
+    for fn, where in ((whole, "cross-slice"), (by_slice, "in-slice")):
+        found = hlo.find_collectives(fn.lower(jnp.ones((16, 5))).compile().as_text(), num_devices=8)
+        summary = hlo.summarize_by_slice(found, slices)
+        assert summary[where] == {"count": 1, "num_elements": 5, "num_bytes": 20}, summary
