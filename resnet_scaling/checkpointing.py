@@ -27,6 +27,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from resnet_scaling import state_checks
+from resnet_scaling import workdir as workdir_lib
+from resnet_scaling.errors import RunError
+
 logger = logging.getLogger(__name__)
 
 # Fields a resumed run must share with the run that wrote the checkpoint: they change the shapes or the
@@ -39,16 +43,41 @@ COMPATIBILITY_FIELDS = (
     "optimizer.name",
     "training.global_batch_size",
     "data.source",
+    "data.dataset",
+    "data.folder",
+    "data.num_train_examples",
     "data.image_size",
     "seed",
 )
 
 
-class UnreadableCheckpointsError(RuntimeError):
+# Fields a resumed run may change, though they change what the remaining steps do: a resume that changes
+# them says so in its log and in WORKDIR/config_changes.jsonl.
+NOTABLE_FIELDS_ON_RESUME = (
+    "optimizer",
+    "schedule",
+    "training.num_train_steps",
+    "training.num_examples",
+    "training.num_epochs",
+    "training.label_smoothing",
+    "model.bn_group_size",
+)
+
+
+class UnreadableCheckpointsError(RunError, RuntimeError):
     """The workdir held checkpoints and none can be read; the run refuses to start again from step 0."""
 
 
-class IncompatibleCheckpointError(ValueError):
+class CorruptCheckpointError(RunError, ValueError):
+    """A checkpoint's arrays do not match the fingerprints recorded when it was saved."""
+
+
+class CheckpointSaveError(RunError, OSError):
+    """A checkpoint could not be written (full disk, permissions); the message names the cause and the
+    last complete checkpoint."""
+
+
+class IncompatibleCheckpointError(RunError, ValueError):
     """The workdir holds a checkpoint of another model or an incompatible config."""
 
 
@@ -63,6 +92,38 @@ def config_fingerprint(config: ml_collections.ConfigDict) -> dict[str, Any]:
     return fingerprint
 
 
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def changed_on_resume(saved_config: dict[str, Any], config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """`{field: [checkpoint's value, config's value]}` for the `NOTABLE_FIELDS_ON_RESUME` that differ."""
+    saved = _flatten(json.loads(json.dumps(saved_config, default=str)))
+    current = _flatten(json.loads(config.to_json_best_effort()))
+    notable = [k for k in current if any(k == f or k.startswith(f + ".") for f in NOTABLE_FIELDS_ON_RESUME)]
+    return {k: [saved.get(k), current[k]] for k in notable if k in saved and saved[k] != current[k]}
+
+
+def latest_saved_meta(workdir: str) -> dict[str, Any] | None:
+    """The newest checkpoint's small JSON record (step, config, clocks), read without orbax or any device:
+    what the cheap checks before a run's set-up need. None when there is none or it cannot be read."""
+    directory = os.path.join(workdir_lib.as_path(workdir), "checkpoints")
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    for step in sorted((int(n) for n in names if n.isdigit()), reverse=True):
+        try:
+            with open(os.path.join(directory, str(step), "meta", "metadata"), encoding="utf-8") as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            continue  # restore_latest will say what is wrong with it.
+    return None
+
+
 def check_compatible(saved: dict[str, Any], config: ml_collections.ConfigDict, directory: str) -> None:
     """Raises `IncompatibleCheckpointError` naming every field where `config` differs from `saved`."""
     current = config_fingerprint(config)
@@ -75,20 +136,34 @@ def check_compatible(saved: dict[str, Any], config: ml_collections.ConfigDict, d
 
 
 class PreemptionWatcher:
-    """Tells every process to stop at the same step after a SIGTERM (what TPU and spot VMs send).
+    """Tells every process to stop at the same step after a SIGTERM (what TPU and spot VMs send) or a
+    Ctrl-C (SIGINT), so that the run saves a checkpoint and ends cleanly; a second Ctrl-C stops at once.
 
     With several processes, jax's preemption sync point (set up by `jax.distributed.initialize`) picks
-    a step that all processes reach; a single process installs its own SIGTERM handler.
+    a step that all processes reach; it listens for SIGTERM, so a Ctrl-C is passed on to it as one. A
+    single process installs its own handlers.
     """
 
     def __init__(self) -> None:
         self._signalled = threading.Event()
-        self._previous_handler = None
-        if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
-            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self.signal_name = "SIGTERM"
+        self._previous_handlers: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return  # Python delivers signals to the main thread only.
+        if jax.process_count() == 1:
+            self._previous_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
+        self._previous_handlers[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_signal)
 
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT:
+            if self._signalled.is_set():  # The second Ctrl-C: stop now, without a checkpoint.
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                raise KeyboardInterrupt
+            logger.warning("Ctrl-C: saving a checkpoint and stopping (press it again to stop at once).")
+        self.signal_name = signal.Signals(signum).name
         self._signalled.set()
+        if jax.process_count() > 1:  # Let jax's preemption notifier pick the common step.
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def reached(self, step: int) -> bool:
         """True at the step where every process should save and stop."""
@@ -97,9 +172,20 @@ class PreemptionWatcher:
         return self._signalled.is_set()
 
     def close(self) -> None:
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_handler)
-            self._previous_handler = None
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers = {}
+
+
+def _barriers(name: str) -> ocp.options.MultiprocessingOptions:
+    """Barrier names of their own for one kind of save.
+
+    orbax names its cross-process barriers after the step (`async_write_complete.<step>`), so two
+    managers saving the same step (evaluation, best/ and the regular checkpoint coinciding) would take
+    each other's barriers: one process timed out while the other hung. A prefix per manager keeps them
+    apart.
+    """
+    return ocp.options.MultiprocessingOptions(barrier_sync_key_prefix=name)
 
 
 class Checkpointer:
@@ -113,7 +199,7 @@ class Checkpointer:
             self.directory,
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=c.keep, enable_async_checkpointing=c.async_save, cleanup_tmp_directories=True,
-                create=True),
+                create=True, multiprocessing_options=_barriers("checkpoints")),
             item_names=("state", "meta"),
         )
         self._best_manager = None
@@ -123,17 +209,49 @@ class Checkpointer:
                 # Written only when an evaluation beats every earlier one, so the newest is the best.
                 options=ocp.CheckpointManagerOptions(
                     max_to_keep=1, enable_async_checkpointing=c.async_save, cleanup_tmp_directories=True,
-                    create=True),
+                    create=True, multiprocessing_options=_barriers("best")),
                 item_names=("variables", "meta"),
             )
             self._best_top1 = self._saved_best_top1()
         self._export_directory = os.path.join(os.path.abspath(workdir), "export")
+        self.last_started_step: int | None = None
 
     def save(self, step: int, state: Any, clock: dict[str, float]) -> None:
-        """Starts saving `state` at `step` (returns once the arrays are copied off the device)."""
-        meta = {"step": int(step), "config": config_fingerprint(self._config), "clock": clock}
-        self._manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+        """Starts saving `state` at `step` (returns once the arrays are copied off the device), with the
+        fingerprint of every array (`state_checks`), verified on restore.
+
+        Raises:
+          CheckpointSaveError: an earlier background save failed, or this one could not start.
+        """
+        self.check_saves()
+        meta = {"step": int(step), "config": config_fingerprint(self._config), "clock": clock,
+                "run_config": json.loads(self._config.to_json_best_effort()),
+                "fingerprints": state_checks.fingerprint(state)}
+        try:
+            self._manager.save(step, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+        except Exception as e:  # noqa: BLE001 - any failure to save ends the run with its cause named.
+            raise self._save_error(step, e) from e
+        self.last_started_step = step
+
+    def check_saves(self) -> None:
+        """Raises `CheckpointSaveError` if a background save has failed since the last check (a full disk,
+        a revoked permission), so that a run never trains on for hours believing it is checkpointed."""
+        for manager in (self._manager, self._best_manager):
+            if manager is None:
+                continue
+            try:
+                manager.check_for_errors()
+            except Exception as e:  # noqa: BLE001
+                raise self._save_error(self.last_started_step, e) from e
+
+    def _save_error(self, step: int | None, error: Exception) -> CheckpointSaveError:
+        complete = [s for s in self._manager.all_steps() if s != step]
+        last = (f"The last complete checkpoint is step {max(complete)} in {self.directory}; run the same "
+                "command to resume from it once the cause is fixed." if complete else
+                f"No complete checkpoint is in {self.directory} yet.")
+        return CheckpointSaveError(
+            f"Saving the checkpoint of step {step} failed: {workdir_lib.describe_os_error(error)}. {last}")
 
     def _saved_best_top1(self) -> float:
         """Top-1 of the best evaluation saved by an earlier run in this workdir (-inf if none)."""
@@ -181,11 +299,18 @@ class Checkpointer:
             check_compatible(meta["config"], self._config, self.directory)
             try:
                 restored = self._manager.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract_state)))
+                    state=ocp.args.StandardRestore(abstract_state)))["state"]
             except Exception as e:  # noqa: BLE001
                 self._quarantine(step, e)
                 continue
-            return restored["state"], meta
+            if "fingerprints" in meta:  # Checkpoints of earlier versions have none.
+                changed = state_checks.mismatched(meta["fingerprints"], state_checks.fingerprint(restored))
+                if changed:
+                    self._quarantine(step, CorruptCheckpointError(
+                        f"{len(changed)} array(s) differ from what was saved ({', '.join(changed[:3])}"
+                        f"{', ...' if len(changed) > 3 else ''}): the files were corrupted after the save"))
+                    continue
+            return restored, meta
         quarantined = self.quarantined()
         if quarantined and not self._config.checkpoint.restart_from_scratch:
             # Checkpoints existed and none can be read: starting at step 0 would silently throw the run away.
@@ -202,17 +327,26 @@ class Checkpointer:
         names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
         return [os.path.join(folder, name) for name in names]
 
-    def _quarantine(self, step: int, error: Exception) -> None:
-        """Moves an unreadable checkpoint out of the way (kept for inspection), so the step can be redone."""
-        target = os.path.join(os.path.dirname(self.directory), "unreadable_checkpoints",
-                              f"{step}-{int(time.time())}")
-        logger.warning("Skipping unreadable checkpoint %s/%d (moved to %s): %s", self.directory, step,
-                       target, error)
+    def _quarantine(self, step: int, error: Exception | str, folder: str = "unreadable_checkpoints") -> None:
+        """Moves a checkpoint out of the way (kept for inspection), so the step can be redone."""
+        target = os.path.join(os.path.dirname(self.directory), folder, f"{step}-{int(time.time())}")
+        logger.warning("Skipping checkpoint %s/%d (moved to %s): %s", self.directory, step, target,
+                       error if isinstance(error, str) else describe_checkpoint_error(error))
+        self._manager.wait_until_finished()
         if jax.process_index() == 0:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             shutil.move(os.path.join(self.directory, str(step)), target)
         multihost_utils.sync_global_devices(f"quarantine checkpoint {step}")
         self._manager.reload()
+
+    def discard_from(self, first_step: int, reason: str) -> int | None:
+        """Moves every checkpoint of `first_step` or later to WORKDIR/diverged_checkpoints/ (a diverged
+        run's); returns the newest checkpoint that is left, or None."""
+        self._manager.wait_until_finished()
+        for step in sorted(self._manager.all_steps()):
+            if step >= first_step:
+                self._quarantine(step, reason, folder="diverged_checkpoints")
+        return self._manager.latest_step()
 
     def export(self, state: Any) -> str:
         """Writes the final parameters and BN statistics with the config to `export/` (synchronously).
@@ -225,7 +359,7 @@ class Checkpointer:
         if not bool(finite):
             raise FloatingPointError("The final parameters hold NaN or infinite values: not exporting them; "
                                      f"the checkpoints in {self.directory} are unchanged.")
-        checkpointer = ocp.StandardCheckpointer()
+        checkpointer = ocp.StandardCheckpointer(multiprocessing_options=_barriers("export"))
         path = os.path.join(self._export_directory, "variables")
         checkpointer.save(path, variables, force=True)
         checkpointer.wait_until_finished()
@@ -254,6 +388,21 @@ class Checkpointer:
         self._manager.close()
         if self._best_manager is not None:
             self._best_manager.close()
+
+
+# TensorStore's status codes in an error, and what they mean for a checkpoint's files.
+_TENSORSTORE_CAUSES = {"DATA_LOSS": "a file is truncated or corrupt", "NOT_FOUND": "a file is missing",
+                       "PERMISSION_DENIED": "a file cannot be read (permissions)"}
+
+
+def describe_checkpoint_error(error: BaseException) -> str:
+    """A one-line cause for a checkpoint that cannot be read, instead of TensorStore's many-line dump."""
+    text = str(error)
+    cause = next((meaning for code, meaning in _TENSORSTORE_CAUSES.items() if code in text), None)
+    first_line = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+    first_line = first_line if len(first_line) <= 200 else first_line[:200] + "..."
+    described = f"{type(error).__name__}: {first_line}"
+    return f"{cause} ({described})" if cause else described
 
 
 def _restore_to_host(path: str) -> Any:

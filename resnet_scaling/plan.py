@@ -23,12 +23,13 @@ import ml_collections
 from jax.sharding import Mesh
 
 from resnet_scaling import mesh as mesh_lib
+from resnet_scaling.errors import RunError
 
 # How the peak learning rate follows the global batch: "linear" (Goyal et al.) or "none" (LARS recipes).
 LR_SCALINGS = ("linear", "none")
 
 
-class ConfigError(ValueError):
+class ConfigError(RunError, ValueError):
     """An invalid configuration; the message names the field and the fix."""
 
 

@@ -29,6 +29,7 @@ from absl import app, flags
 from etils import epath
 
 from resnet_scaling import console
+from resnet_scaling.errors import RunError
 
 # Named, not __name__: run with -m this module is "__main__", outside the logger console.py shows at INFO.
 logger = logging.getLogger("resnet_scaling.prepare")
@@ -53,7 +54,7 @@ _EXPECT = flags.DEFINE_list("expect", [],
                             "exactly N examples.")
 
 
-class PrepareError(ValueError):
+class PrepareError(RunError, ValueError):
     """A problem the user fixes (missing files, a size that differs from --expect); the message says how."""
 
 

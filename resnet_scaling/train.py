@@ -10,14 +10,16 @@ Multi-process jobs (TPU pod slices, SLURM, launch/local.py) join up first; see `
 from __future__ import annotations
 
 import logging
+import os
+import re
 
 import jax
 import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-from resnet_scaling import checkpointing, console, data, distributed, trainer, xla_flags
 from resnet_scaling import config as config_lib
+from resnet_scaling import console, distributed, errors, trainer, xla_flags
 
 logger = logging.getLogger("resnet_scaling.train")  # Not __name__: "__main__" under `python -m`.
 
@@ -55,18 +57,41 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(str(e)) from None
     except RuntimeError as e:  # the job did not form: say why, without a traceback
         raise SystemExit(f"error: {e}") from None
-    config = _CONFIG.value
+    config = load_config()
     if _PRINT_CONFIG.value:
         print(config, flush=True)
     if cache_dir := compilation_cache_dir(config, _WORKDIR.value):
         jax.config.update("jax_compilation_cache_dir", cache_dir)
         logger.info("Compilation cache: %s", cache_dir)
     try:
-        trainer.train_and_evaluate(config, _WORKDIR.value)  # Validates the config first, once.
-    except config_lib.ConfigError as e:
-        raise app.UsageError(str(e)) from None
-    except (data.DataError, checkpointing.UnreadableCheckpointsError) as e:  # say what to do, no traceback
+        result = trainer.train_and_evaluate(config, _WORKDIR.value)  # Validates the config first, once.
+    except errors.RunError as e:  # Bad config, data, workdir, checkpoints, divergence: say what to do.
         raise SystemExit(f"error: {e}") from None
+    if result.preempted:
+        # Everything is saved and closed; do not wait for the input pipeline's threads to wind down
+        # (tens of seconds with a large shuffle buffer) while a preempted VM's grace period runs out.
+        logging.shutdown()
+        os._exit(0)
+
+
+def load_config() -> ml_collections.ConfigDict:
+    """The `--config` file with its `--config.*` overrides, or one `error:` line naming what is wrong
+    (ml_collections loads it lazily and reports a missing file or a mistyped field in chained tracebacks)."""
+    try:
+        return _CONFIG.value
+    except OSError as e:  # the file is missing or does not load
+        shipped = ", ".join(config_lib.shipped_config_names())
+        raise SystemExit(f"error: cannot load the config file given by --config ({_config_load_cause(e)}). "
+                         f"Give a path to a config file, or one of: {shipped}.") from None
+
+
+def _config_load_cause(error: BaseException) -> str:
+    current: BaseException | None = error
+    while current is not None:
+        if isinstance(current, FileNotFoundError):
+            return f"no such file: {current.filename}"
+        current = current.__cause__ or current.__context__
+    return str(error).splitlines()[0]
 
 
 def compilation_cache_dir(config: ml_collections.ConfigDict, workdir: str) -> str | None:
@@ -79,7 +104,36 @@ def compilation_cache_dir(config: ml_collections.ConfigDict, workdir: str) -> st
 
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's flag parsing, after turning a shipped config's name (`--config=demo`) into its path."""
-    return app.parse_flags_with_usage(config_lib.resolve_config_flag(argv))
+    argv = config_lib.resolve_config_flag(argv)
+    _check_config_file(argv)
+    try:
+        return app.parse_flags_with_usage(argv)
+    except (AttributeError, KeyError) as e:  # A mistyped override: --config.training.global_batchsize=8
+        raise SystemExit(f"error: {_unknown_field_message(e, argv)}") from None
+
+
+def _unknown_field_message(error: BaseException, argv: list[str]) -> str:
+    """'--config.training.global_batchsize: no such config field; did you mean "global_batch_size"?'."""
+    text = str(error).replace("\\", "")
+    name = re.search(r"[A-Za-z_]\w*", text)
+    name = name.group(0) if name else "?"
+    override = next((a.split("=")[0] for a in argv if a.startswith("--config.")
+                     and a.split("=")[0].rsplit(".", 1)[-1] == name), f"--config...{name}")
+    suggestion = re.search(r'Did you mean "(\w+)"', text)
+    return (f"{override}: no such config field" +
+            (f"; did you mean {suggestion.group(1)}?" if suggestion else "."))
+
+
+def _check_config_file(argv: list[str]) -> None:
+    """One `error:` line for a --config that names no file and no shipped config (absl would print its
+    whole usage text after ml_collections' attempts)."""
+    for i, arg in enumerate(argv):
+        value = (arg.split("=", 1)[1] if arg.startswith("--config=") else
+                 argv[i + 1] if arg == "--config" and i + 1 < len(argv) else None)
+        if value is not None and not os.path.isfile(value.split(":", 1)[0]):
+            shipped = ", ".join(config_lib.shipped_config_names())
+            raise SystemExit(f"error: --config={value}: no such config file; give a path to one "
+                             f"(configs/*.py) or the name of a shipped config: {shipped}.")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ The only module that decides who writes: process 0 logs and writes metric files;
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -15,13 +17,19 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
+from jax.experimental import multihost_utils
 
-from resnet_scaling import checkpointing, console, profiling, steps, training_setup
+from resnet_scaling import checkpointing, console, profiling, state_checks, steps, training_setup
 from resnet_scaling import data as data_lib
 from resnet_scaling import metrics as metrics_lib
 from resnet_scaling import plan as plan_lib
+from resnet_scaling import workdir as workdir_lib
+from resnet_scaling.errors import RunError
 
 logger = logging.getLogger(__name__)
+
+# Steps the host may dispatch ahead of the devices (see `steps_in_flight_bound`).
+MAX_STEPS_AHEAD = 2
 
 
 @dataclasses.dataclass
@@ -81,6 +89,39 @@ def train_and_evaluate(
     """
     launch_start_wall = time.time()  # Goodput counts this launch's set-up as initialisation.
     console.show_progress()
+    # The cheap checks first, in about a second: the slow set-up (devices, data, compilation) comes after.
+    workdir_lib.check_writable(workdir)
+    if config.checkpoint.enabled and (saved := checkpointing.latest_saved_meta(workdir)) is not None:
+        checkpointing.check_compatible(saved["config"], config, os.path.join(workdir, "checkpoints"))
+    lock = _lock_workdir(workdir)
+    try:
+        return _train(config, workdir, arrays, devices, launch_start_wall)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _lock_workdir(workdir: str) -> workdir_lib.WorkdirLock | None:
+    """Process 0 locks the workdir; every process learns whether it could, so that all stop together."""
+    lock, error = None, None
+    if jax.process_index() == 0:
+        try:
+            lock = workdir_lib.WorkdirLock(workdir)
+            lock.acquire()
+        except workdir_lib.WorkdirError as e:
+            lock, error = None, e
+    if jax.process_count() > 1:
+        locked = bool(multihost_utils.broadcast_one_to_all(np.int32(error is None)))
+        if not locked and error is None:
+            error = workdir_lib.WorkdirError(f"Process 0 could not lock the workdir {workdir}: see its log.")
+    if error is not None:
+        raise error
+    return lock
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str,
+           arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None,
+           devices: list[jax.Device] | None, launch_start_wall: float) -> TrainResult:
     run = training_setup.setup(config, devices=devices, arrays=arrays)
     plan, source, state = run.plan, run.source, run.state
     is_writer = jax.process_index() == 0
@@ -89,8 +130,11 @@ def train_and_evaluate(
         _write_config(workdir, config)
     _log_setup(log, run)
     checkpointer = checkpointing.Checkpointer(workdir, config) if config.checkpoint.enabled else None
-    state, saved_clock = _restore(checkpointer, state, plan, log)
+    state, saved_meta = _restore(checkpointer, state, plan, log)
     start_step = int(state.step)
+    saved_clock = saved_meta.get("clock") if saved_meta else None
+    if is_writer and saved_meta:
+        _record_changes_on_resume(workdir, saved_meta, config, start_step)
     clock = metrics_lib.RunClock(plan.global_batch_size, plan.timing_warmup_steps, config.eval.target_top1,
                                  saved_clock, launch_start_wall)
     goodput = metrics_lib.GoodputRecorder(workdir, start_step, launch_start_wall, write=is_writer)
@@ -100,7 +144,8 @@ def train_and_evaluate(
     train_step_fn, compile_sec = run.compile_train_step(state, batch)
     _log_compiled(log, train_step_fn, compile_sec)
     writers = (metrics_lib.MetricWriters(workdir, tensorboard=config.training.tensorboard,
-                                         config_text=str(config)) if is_writer else None)
+                                         config_text=str(config), resume_step=start_step)
+               if is_writer else None)
     watcher = checkpointing.PreemptionWatcher()
     profiler = profiling.StepWindowProfiler(config.training.profile_steps,
                                             os.path.join(workdir, "tensorboard"), enabled=is_writer)
@@ -108,7 +153,8 @@ def train_and_evaluate(
     result = TrainResult(state=state, plan=plan, train_history=[], eval_history=[], compile_sec=compile_sec,
                          start_step=start_step)
     interval_first_step = start_step + 1  # First step of the current log interval.
-    last_saved_step = start_step if start_step > 0 else None  # The newest checkpoint on disk.
+    guard = DivergenceGuard(state, start_step, config.training.max_param_norm_growth, checkpointer)
+    in_flight = steps_in_flight_bound(MAX_STEPS_AHEAD)
     clock.start(compile_sec)
     try:
         for step in range(start_step + 1, plan.total_steps + 1):  # `step` counts the steps done after it.
@@ -118,6 +164,7 @@ def train_and_evaluate(
                 clock.add_input_wait(step, time.perf_counter() - input_start)
             profiler.before_step(step)
             state, step_metrics = train_step_fn(state, batch)
+            in_flight(step_metrics)  # SIGTERM is seen within MAX_STEPS_AHEAD steps of the device.
             profiler.after_step(step, state)
             buffer.append(step, step_metrics)
             clock.timer.count()
@@ -127,7 +174,9 @@ def train_and_evaluate(
                 clock.steady.end_warmup(clock.timer.read_total_sec())
             last = step == plan.total_steps
             if _due(step, plan.log_every_steps, last):
-                _raise_if_non_finite(buffer.fetch(), last_saved_step)
+                guard.check_losses(buffer.fetch())
+                if checkpointer is not None:
+                    checkpointer.check_saves()  # A failed background save ends the run now, not later.
                 record = {"step": step, "epoch": step / plan.steps_per_epoch, **buffer.mean(),
                           **clock.timer.read_and_reset()}
                 clock.steady.add_interval(interval_first_step, step, record.get("sec_per_step"))
@@ -151,14 +200,16 @@ def train_and_evaluate(
             save_due = _due(step, plan.checkpoint_every_steps, last) or result.preempted
             if checkpointer is not None and save_due:
                 clock.pause(wait_for=state)  # Checkpointing stays off the training clock too.
-                # A checkpoint must never hold a diverged state: check the steps since the last fetch first.
-                _raise_if_non_finite(buffer.fetch(), last_saved_step)
+                # A checkpoint must never hold a diverged state: the losses since the last fetch, then the
+                # state itself (finite, not exploding).
+                guard.check_losses(buffer.fetch())
+                guard.check_state(step, state)
                 _save(checkpointer, step, state, clock)
-                last_saved_step = step
                 goodput.record(step, clock.launch_sec(), checkpoint=True)
                 clock.resume()
             if result.preempted:
-                log("Preempted (SIGTERM) at step %d: %s. Run the same command to resume.", step,
+                log("Preempted (%s) at step %d: %s. Run the same command to resume.", watcher.signal_name,
+                    step,
                     f"checkpoint saved in {checkpointer.directory}" if checkpointer else
                     "checkpoints are off (config.checkpoint.enabled), nothing was saved")
                 break
@@ -182,14 +233,14 @@ def train_and_evaluate(
 
 def _restore(checkpointer: checkpointing.Checkpointer | None, state: steps.TrainState,
              plan: plan_lib.TrainingPlan, log: Callable[..., None]) -> tuple[steps.TrainState, Any]:
-    """The newest checkpoint's state and saved clocks, or `state` and None where there is none."""
+    """The newest checkpoint's state and its record (step, config, clocks), or `state` and None."""
     restored = checkpointer.restore_latest(_abstract(state)) if checkpointer is not None else None
     if restored is None:
         return state, None
     state, meta = restored
     log("Resumed from %s at step %d (epoch %.2f).", checkpointer.directory, int(state.step),
         int(state.step) / plan.steps_per_epoch)
-    return state, meta.get("clock")
+    return state, meta
 
 
 def _log_compiled(log: Callable[..., None], compiled: Any, compile_sec: float) -> None:
@@ -217,6 +268,23 @@ def _write_summary_and_headline(workdir: str, result: TrainResult, writers: metr
         paths.update(checkpointer.paths(exported=not result.preempted and config["checkpoint"]["export"]))
     for line in console.headline(result.summary, paths):
         logger.info("%s", line)
+
+
+def _record_changes_on_resume(workdir: str, saved_meta: dict[str, Any], config: ml_collections.ConfigDict,
+                              step: int) -> None:
+    """Says which settings of the remaining steps differ from the checkpoint's run (a new learning rate, a
+    longer schedule), in the log and as a line of WORKDIR/config_changes.jsonl."""
+    if "run_config" not in saved_meta:  # Checkpoints of earlier versions record only the shapes' fields.
+        return
+    changes = checkpointing.changed_on_resume(saved_meta["run_config"], config)
+    if not changes:
+        return
+    logger.warning("Resuming at step %d with changed settings: %s.", step,
+                   "; ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changes.items()))
+    path = workdir_lib.as_path(workdir) / "config_changes.jsonl"
+    previous = path.read_text() if path.exists() else ""
+    record = {"step": step, "time": time.time(), "changes": changes}
+    path.write_text(previous + json.dumps(record) + "\n")
 
 
 def _write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
@@ -303,13 +371,80 @@ def _due(step: int, every_steps: int, last: bool) -> bool:
     return last or (every_steps > 0 and step % every_steps == 0)
 
 
-def _raise_if_non_finite(records: list[dict[str, float]], last_good_checkpoint: int | None) -> None:
-    bad_step = metrics_lib.first_non_finite_step(records)
-    if bad_step is None:
-        return
-    loss = next(r["loss"] for r in records if r["step"] == bad_step)
-    kept = ("" if last_good_checkpoint is None else
-            f" The last checkpoint (step {last_good_checkpoint}) was written before it and is intact.")
-    raise FloatingPointError(
-        f"Training loss is {loss} at step {bad_step}: lower the learning rate, lengthen the warm-up or "
-        f"use float32/bfloat16 compute.{kept}")
+class DivergenceError(RunError, FloatingPointError):
+    """Training diverged (a non-finite loss, a non-finite or exploding state); the message names the step
+    and the newest checkpoint that holds a sound state."""
+
+
+class DivergenceGuard:
+    """Keeps diverged states out of checkpoints and says truthfully which checkpoint is sound.
+
+    A checkpoint of step k holds the state after update k, which only the loss of step k+1 evaluates. So:
+    before a save, the state itself must be finite and its parameter norm within `max_norm_growth` of the
+    run's start; and when the first non-finite loss shows up at step j, the checkpoints of steps j-1 and
+    later (saved from the state that produced it, or after) are moved to WORKDIR/diverged_checkpoints/.
+    """
+
+    def __init__(self, state: steps.TrainState, start_step: int, max_norm_growth: float,
+                 checkpointer: checkpointing.Checkpointer | None) -> None:
+        self._start_step = start_step
+        self._max_norm_growth = max_norm_growth
+        self._start_norm = state_checks.health(state)[1] if max_norm_growth else 0.0
+        self._checkpointer = checkpointer
+
+    def check_losses(self, records: list[dict[str, float]]) -> None:
+        """Raises `DivergenceError` at the first non-finite loss in `records` (after discarding the
+        checkpoints it disproves)."""
+        bad_step = metrics_lib.first_non_finite_step(records)
+        if bad_step is None:
+            return
+        loss = next(r["loss"] for r in records if r["step"] == bad_step)
+        if self._start_step > 0 and bad_step == self._start_step + 1:
+            cause = (f"the state restored from the checkpoint of step {self._start_step} gives a loss of "
+                     f"{loss} at the first step: that checkpoint holds a diverged state")
+        else:
+            cause = f"the training loss is {loss} at step {bad_step}"
+        raise DivergenceError(f"Training diverged: {cause}. {self._keep_sound(bad_step - 1)} Lower the "
+                              "learning rate, lengthen the warm-up or use float32/bfloat16 compute.")
+
+    def check_state(self, step: int, state: steps.TrainState) -> None:
+        """Raises `DivergenceError` instead of saving a non-finite or exploding state."""
+        finite, norm = state_checks.health(state)
+        if not finite:
+            problem = "holds NaN or infinite values"
+        elif self._max_norm_growth and norm > self._max_norm_growth * self._start_norm:
+            problem = (f"has a parameter norm {norm / self._start_norm:.3g}x that of step {self._start_step} "
+                       f"(above training.max_param_norm_growth={self._max_norm_growth:g})")
+        else:
+            return
+        raise DivergenceError(f"Training diverged: the state after step {step} {problem}; it was not "
+                              f"saved. {self._keep_sound(step)} Lower the learning rate or lengthen the "
+                              "warm-up.")
+
+    def _keep_sound(self, first_unsound_step: int) -> str:
+        """Discards the checkpoints from `first_unsound_step` on; names the one a rerun resumes from."""
+        if self._checkpointer is None:
+            return "Checkpoints are off."
+        kept = self._checkpointer.discard_from(first_unsound_step, "saved from a diverged state")
+        if kept is None:
+            return "No sound checkpoint is left: a rerun starts from step 0."
+        return (f"The newest sound checkpoint is step {kept} in {self._checkpointer.directory} (its next "
+                "step's loss was finite); a rerun resumes from it.")
+
+
+def steps_in_flight_bound(max_steps_ahead: int) -> Callable[[Any], None]:
+    """A callable taking each step's outputs that blocks until the step `max_steps_ahead` earlier is done.
+
+    JAX dispatches steps asynchronously: unbounded, the host can run a whole log interval ahead of the
+    devices, and a SIGTERM noticed at the next dispatch would be acted on only after all of them ran.
+    Waiting for step k-N while dispatching step k keeps the devices fed (N steps queued) and bounds the
+    time from a SIGTERM to the start of the checkpoint at about N+1 step times.
+    """
+    in_flight: collections.deque[Any] = collections.deque()
+
+    def add(step_outputs: Any) -> None:
+        in_flight.append(step_outputs)
+        if len(in_flight) > max_steps_ahead:
+            jax.block_until_ready(in_flight.popleft())
+
+    return add

@@ -70,7 +70,7 @@ def test_non_finite_loss_stops_training_with_the_step(tmp_path):
     config = tiny_config(optimizer__base_learning_rate=1e30, optimizer__lr_scaling="none")
     config.schedule.warmup_steps = 0
     config.training.num_train_steps = 6
-    with pytest.raises(FloatingPointError, match=r"Training loss is (nan|inf) at step \d+"):
+    with pytest.raises(FloatingPointError, match=r"training loss is (nan|inf) at step \d+"):
         trainer.train_and_evaluate(config, str(tmp_path), arrays=random_arrays())
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from resnet_scaling import mesh as mesh_lib
+from resnet_scaling.errors import RunError
 from resnet_scaling.plan import BatchPlan
 
 __all__ = ["RESIZE_METHODS", "Batch", "DataError", "DataSource", "pad_batch", "prefetch",
@@ -29,7 +30,7 @@ Batch = dict[str, jax.Array]
 RESIZE_METHODS = ("bilinear", "bicubic", "area")
 
 
-class DataError(ValueError):
+class DataError(RunError, ValueError):
     """A dataset is missing, unprepared or malformed; the message says what to do."""
 
 

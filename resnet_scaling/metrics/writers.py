@@ -10,24 +10,51 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from etils import epath
 
 logger = logging.getLogger(__name__)
 
 
 class JsonLinesWriter:
-    """Appends one JSON object per write to `path` (for machines; one line per step logged)."""
+    """Appends one JSON object per write to `path` (for machines; one line per step logged).
 
-    def __init__(self, path: str) -> None:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+    A run that resumes from the checkpoint of step k redoes the steps after k: `resume_step=k` first drops
+    the records of those steps that an earlier launch wrote, so that every step has one record. Works on
+    local disks and object stores (`gs://`; there each write rewrites the object, which is small).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], resume_step: int | None = None) -> None:
+        self._path = epath.Path(path)
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        lines = self._path.read_text().splitlines() if self._path.exists() else []
+        if resume_step is not None:
+            lines = [line for line in lines if _step_of(line) <= resume_step]
+        self._lines = [line + "\n" for line in lines]
+        self._local = "://" not in os.fspath(path)
+        if self._local:  # Appending keeps each write O(record) on a local disk.
+            self._path.write_text("".join(self._lines))
+            self._file = open(self._path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     def write(self, step: int, values: Mapping[str, Any]) -> None:
         record = {"step": int(step), "time": time.time(), **{k: _plain(v) for k, v in values.items()}}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        line = json.dumps(record) + "\n"
+        if self._local:
+            self._file.write(line)
+            self._file.flush()
+        else:
+            self._lines.append(line)
+            self._path.write_text("".join(self._lines))
 
     def close(self) -> None:
-        self._file.close()
+        if self._local:
+            self._file.close()
+
+
+def _step_of(line: str) -> float:
+    try:
+        return float(json.loads(line).get("step", float("inf")))
+    except (ValueError, AttributeError):
+        return float("inf")  # An unreadable line (cut by a crash) goes with the redone steps.
 
 
 class TensorBoardWriter:
@@ -67,8 +94,9 @@ class TensorBoardWriter:
 class MetricWriters:
     """Fans each record out to JSON lines and, where clu and TensorBoard are installed, event files."""
 
-    def __init__(self, workdir: str, tensorboard: bool = True, config_text: str | None = None) -> None:
-        self._writers: list[Any] = [JsonLinesWriter(os.path.join(workdir, "metrics.jsonl"))]
+    def __init__(self, workdir: str, tensorboard: bool = True, config_text: str | None = None,
+                 resume_step: int | None = None) -> None:
+        self._writers: list[Any] = [JsonLinesWriter(os.path.join(workdir, "metrics.jsonl"), resume_step)]
         self.tensorboard_dir: str | None = None
         if tensorboard:
             try:

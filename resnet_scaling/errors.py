@@ -1,0 +1,13 @@
+"""The one base class of the errors a user can fix: bad config values, missing or corrupt data, an unusable
+workdir, unreadable or incompatible checkpoints, a diverged run, a failed save.
+
+Each carries a message that names the problem and what to do; the command-line entry points print it as
+one `error:` line and exit non-zero, without a traceback. Library users catch `RunError` (or the specific
+subclass) the usual way.
+"""
+
+from __future__ import annotations
+
+
+class RunError(Exception):
+    """An error whose message says what went wrong and how to fix it."""

@@ -1,0 +1,180 @@
+"""The run's working directory: checked in a second before any slow set-up, and locked while a run uses it.
+
+Paths go through `etils.epath`, so a workdir may be local or on an object store (`gs://bucket/run`).
+
+The lock is WORKDIR/run.lock, a small JSON file naming the run that holds it (host, pid, command, start)
+with a heartbeat the holder refreshes every `HEARTBEAT_SEC`. A second run on the same workdir refuses at
+once, naming the first. A lock left by a run that crashed is stale and taken over: on the same host when
+its process is gone, from any host when its heartbeat is older than `STALE_AFTER_SEC`. Object stores have
+no exclusive create through epath, so on `gs://` two runs started within the same second could both
+believe they hold the lock; each reads the lock back after writing it, which narrows that window.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+from etils import epath
+
+from resnet_scaling.errors import RunError
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILENAME = "run.lock"
+HEARTBEAT_SEC = 30.0
+STALE_AFTER_SEC = 120.0
+
+
+class WorkdirError(RunError):
+    """The workdir cannot be used: not writable, or in use by another run."""
+
+
+def as_path(workdir: str | os.PathLike[str]) -> epath.Path:
+    """`workdir` as an epath Path: absolute where local, untouched where remote (`gs://...`)."""
+    text = os.fspath(workdir)
+    return epath.Path(text if "://" in text else os.path.abspath(text))
+
+
+def check_writable(workdir: str | os.PathLike[str]) -> epath.Path:
+    """Creates `workdir` if needed and proves it writable with a probe file; returns its path.
+
+    Raises:
+      WorkdirError: naming the workdir and the cause (read-only file system, permission, not a directory).
+    """
+    path = as_path(workdir)
+    probe = path / f".write_probe-{socket.gethostname()}-{os.getpid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise WorkdirError(f"Cannot write to the workdir {path}: {describe_os_error(e)}. "
+                           "Pass a --workdir this user can write to.") from None
+    return path
+
+
+def describe_os_error(error: BaseException) -> str:
+    """The root cause of an I/O failure in a few words ("No space left on device", ...), found along the
+    exception's chain of causes (orbax and TensorStore wrap the OSError several levels deep)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno:
+            name = errno.errorcode.get(current.errno, current.errno)
+            return f"{current.strerror or os.strerror(current.errno)} ({name})"
+        text = str(current)
+        for code in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EFBIG):
+            if os.strerror(code).lower() in text.lower():
+                return os.strerror(code)
+        current = current.__cause__ or current.__context__
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return first_line[:300]
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # Someone else's process: alive.
+    return True
+
+
+class WorkdirLock:
+    """Holds WORKDIR/run.lock for the lifetime of a run (see the module docstring).
+
+    Use as a context manager, on the process that writes (process 0): `with WorkdirLock(workdir): ...`.
+    """
+
+    def __init__(self, workdir: str | os.PathLike[str], heartbeat_sec: float = HEARTBEAT_SEC,
+                 stale_after_sec: float = STALE_AFTER_SEC) -> None:
+        self.path = as_path(workdir) / LOCK_FILENAME
+        self._heartbeat_sec = heartbeat_sec
+        self._stale_after_sec = stale_after_sec
+        self._token = uuid.uuid4().hex
+        self._record: dict[str, Any] = {
+            "host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
+            "command": " ".join(sys.argv), "token": self._token}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def holder(self) -> dict[str, Any] | None:
+        """The lock's current record, or None when there is no readable lock."""
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def is_stale(self, record: dict[str, Any]) -> bool:
+        """Whether the run that wrote `record` is gone."""
+        if record.get("host") == socket.gethostname() and isinstance(record.get("pid"), int):
+            return not _process_alive(record["pid"])
+        return time.time() - float(record.get("heartbeat", 0.0)) > self._stale_after_sec
+
+    def acquire(self) -> None:
+        """Takes the lock, or raises `WorkdirError` naming the run that holds it."""
+        record = self.holder()
+        if record is not None and record.get("token") != self._token:
+            if not self.is_stale(record):
+                age = time.time() - float(record.get("started", time.time()))
+                raise WorkdirError(
+                    f"The workdir {self.path.parent} is in use by another run: pid {record.get('pid')} on "
+                    f"{record.get('host')}, started {age:.0f}s ago ({record.get('command', '?')}). Wait for "
+                    f"it to end or stop it, or use another --workdir; if that run is gone, delete "
+                    f"{self.path}.")
+            logger.warning("Taking over the lock of a run that is gone (pid %s on %s).", record.get("pid"),
+                           record.get("host"))
+            self.path.unlink(missing_ok=True)
+        self._write(exclusive=record is None or record.get("token") != self._token)
+        if (self.holder() or {}).get("token") != self._token:  # Another run wrote in between.
+            raise WorkdirError(f"The workdir {self.path.parent} was locked by another run as this one "
+                               f"started; see {self.path}.")
+        self._thread = threading.Thread(target=self._beat, name="workdir-lock-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _write(self, exclusive: bool = False) -> None:
+        text = json.dumps({**self._record, "heartbeat": time.time()})
+        if exclusive and "://" not in os.fspath(self.path):
+            try:  # Local disks have an atomic exclusive create: the first of two racing runs wins.
+                fd = os.open(os.fspath(self.path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                raise WorkdirError(f"The workdir {self.path.parent} was locked by another run as this one "
+                                   f"started; see {self.path}.") from None
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            return
+        self.path.write_text(text)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._heartbeat_sec):
+            try:
+                self._write()
+            except OSError as e:  # A missed heartbeat is not worth stopping a run for.
+                logger.warning("Could not refresh %s: %s", self.path, describe_os_error(e))
+
+    def release(self) -> None:
+        """Stops the heartbeat and removes the lock if this run still holds it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if (self.holder() or {}).get("token") == self._token:
+            self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> WorkdirLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.release()
