@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
 import threading
 import time
@@ -25,6 +24,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 from jax.experimental import multihost_utils
 
 from resnet_scaling import state_checks
@@ -113,12 +113,11 @@ def changed_on_resume(saved_config: dict[str, Any], config: ml_collections.Confi
 def latest_saved_meta(workdir: str) -> dict[str, Any] | None:
     """The newest checkpoint's small JSON record (step, config, clocks), read without orbax or any device:
     what the cheap checks before a run's set-up need. None when there is none or it cannot be read."""
-    directory = os.path.join(workdir_lib.as_path(workdir), "checkpoints")
-    names = os.listdir(directory) if os.path.isdir(directory) else []
+    directory = workdir_lib.as_path(workdir) / "checkpoints"
+    names = [p.name for p in directory.iterdir()] if directory.is_dir() else []
     for step in sorted((int(n) for n in names if n.isdigit()), reverse=True):
         try:
-            with open(os.path.join(directory, str(step), "meta", "metadata"), encoding="utf-8") as f:
-                return json.load(f)
+            return json.loads((directory / str(step) / "meta" / "metadata").read_text())
         except (OSError, ValueError):
             continue  # restore_latest will say what is wrong with it.
     return None
@@ -194,7 +193,8 @@ class Checkpointer:
     def __init__(self, workdir: str, config: ml_collections.ConfigDict) -> None:
         c = config.checkpoint
         self._config = config
-        self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+        root = workdir_lib.as_path(workdir)
+        self.directory = str(root / "checkpoints")
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
@@ -205,7 +205,7 @@ class Checkpointer:
         self._best_manager = None
         if c.keep_best:
             self._best_manager = ocp.CheckpointManager(
-                os.path.join(os.path.abspath(workdir), "best"),
+                root / "best",
                 # Written only when an evaluation beats every earlier one, so the newest is the best.
                 options=ocp.CheckpointManagerOptions(
                     max_to_keep=1, enable_async_checkpointing=c.async_save, cleanup_tmp_directories=True,
@@ -213,7 +213,7 @@ class Checkpointer:
                 item_names=("variables", "meta"),
             )
             self._best_top1 = self._saved_best_top1()
-        self._export_directory = os.path.join(os.path.abspath(workdir), "export")
+        self._export_directory = str(root / "export")
         self.last_started_step: int | None = None
 
     def save(self, step: int, state: Any, clock: dict[str, float]) -> None:
@@ -314,28 +314,29 @@ class Checkpointer:
         quarantined = self.quarantined()
         if quarantined and not self._config.checkpoint.restart_from_scratch:
             # Checkpoints existed and none can be read: starting at step 0 would silently throw the run away.
+            names = ", ".join(epath.Path(q).name for q in quarantined)
             raise UnreadableCheckpointsError(
                 f"No checkpoint of this workdir can be read: {len(quarantined)} unreadable one(s) are in "
-                f"{os.path.dirname(quarantined[0])} ({', '.join(os.path.basename(q) for q in quarantined)}). "
+                f"{epath.Path(quarantined[0]).parent} ({names}). "
                 "To train from step 0 in this workdir anyway, pass --config.checkpoint.restart_from_scratch="
                 "true; or use another --workdir.")
         return None
 
     def quarantined(self) -> list[str]:
         """The checkpoints moved to WORKDIR/unreadable_checkpoints/ (by this run or an earlier one)."""
-        folder = os.path.join(os.path.dirname(self.directory), "unreadable_checkpoints")
-        names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
-        return [os.path.join(folder, name) for name in names]
+        folder = epath.Path(self.directory).parent / "unreadable_checkpoints"
+        names = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+        return [str(folder / name) for name in names]
 
     def _quarantine(self, step: int, error: Exception | str, folder: str = "unreadable_checkpoints") -> None:
         """Moves a checkpoint out of the way (kept for inspection), so the step can be redone."""
-        target = os.path.join(os.path.dirname(self.directory), folder, f"{step}-{int(time.time())}")
+        target = epath.Path(self.directory).parent / folder / f"{step}-{int(time.time())}"
         logger.warning("Skipping checkpoint %s/%d (moved to %s): %s", self.directory, step, target,
                        error if isinstance(error, str) else describe_checkpoint_error(error))
         self._manager.wait_until_finished()
         if jax.process_index() == 0:
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            shutil.move(os.path.join(self.directory, str(step)), target)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _move_tree(epath.Path(self.directory) / str(step), target)
         multihost_utils.sync_global_devices(f"quarantine checkpoint {step}")
         self._manager.reload()
 
@@ -360,12 +361,12 @@ class Checkpointer:
             raise FloatingPointError("The final parameters hold NaN or infinite values: not exporting them; "
                                      f"the checkpoints in {self.directory} are unchanged.")
         checkpointer = ocp.StandardCheckpointer(multiprocessing_options=_barriers("export"))
-        path = os.path.join(self._export_directory, "variables")
+        path = epath.Path(self._export_directory) / "variables"
         checkpointer.save(path, variables, force=True)
         checkpointer.wait_until_finished()
         if jax.process_index() == 0:
-            with open(os.path.join(self._export_directory, "config.json"), "w", encoding="utf-8") as f:
-                json.dump(self._config.to_dict(), f, indent=2, default=str)
+            workdir_lib.write_text_atomically(epath.Path(self._export_directory) / "config.json",
+                                              json.dumps(self._config.to_dict(), indent=2, default=str))
         return self._export_directory
 
     def paths(self, exported: bool) -> dict[str, str]:
@@ -388,6 +389,21 @@ class Checkpointer:
         self._manager.close()
         if self._best_manager is not None:
             self._best_manager.close()
+
+
+def _move_tree(source: epath.Path, target: epath.Path) -> None:
+    """Moves a directory: a rename on a local disk; object by object on an object store (no renames)."""
+    if "://" not in os.fspath(source):
+        os.replace(source, target)
+        return
+    for item in list(source.iterdir()):
+        if item.is_dir():
+            _move_tree(item, target / item.name)
+        else:
+            target.mkdir(parents=True, exist_ok=True)
+            item.copy(target / item.name, overwrite=True)
+            item.unlink()
+    source.rmtree(missing_ok=True)
 
 
 # TensorStore's status codes in an error, and what they mean for a checkpoint's files.
@@ -417,15 +433,15 @@ def _restore_to_host(path: str) -> Any:
 def parameter_steps(directory: str) -> list[int]:
     """The numbered steps of a best/ directory that hold parameters, oldest first (none in a workdir's
     checkpoints/, whose steps hold full train states)."""
-    names = os.listdir(directory) if os.path.isdir(directory) else []
-    return sorted(int(n) for n in names
-                  if n.isdigit() and os.path.isdir(os.path.join(directory, n, "variables")))
+    directory = epath.Path(directory)
+    names = [p.name for p in directory.iterdir()] if directory.is_dir() else []
+    return sorted(int(n) for n in names if n.isdigit() and (directory / n / "variables").is_dir())
 
 
 def is_export_directory(path: str) -> bool:
     """An export/ directory: `variables/` and the run's `config.json` (a workdir has a config.json too)."""
-    return (os.path.isdir(os.path.join(path, "variables"))
-            and os.path.isfile(os.path.join(path, "config.json")))
+    path = epath.Path(path)
+    return (path / "variables").is_dir() and (path / "config.json").is_file()
 
 
 def load_exported(path: str) -> tuple[dict[str, Any], ml_collections.ConfigDict]:
@@ -442,19 +458,17 @@ def load_exported(path: str) -> tuple[dict[str, Any], ml_collections.ConfigDict]
     """
     from resnet_scaling import config as config_lib  # The config module imports the data package.
 
-    path = os.path.abspath(path)
-    if is_export_directory(os.path.join(path, "export")):
-        path = os.path.join(path, "export")
+    path = workdir_lib.as_path(path)
+    if is_export_directory(path / "export"):
+        path = path / "export"
     if is_export_directory(path):
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            config_dict = json.load(f)
-        variables_path = os.path.join(path, "variables")
+        config_dict = json.loads((path / "config.json").read_text())
+        variables_path = path / "variables"
     else:
         steps = parameter_steps(path)
         if not steps:
             raise FileNotFoundError(f"No exported or best parameters under {path}: expected a workdir, "
                                     "its export/ or its best/ directory.")
-        with open(os.path.join(path, str(steps[-1]), "meta", "metadata"), encoding="utf-8") as f:
-            config_dict = json.load(f)["config"]
-        variables_path = os.path.join(path, str(steps[-1]), "variables")
+        config_dict = json.loads((path / str(steps[-1]) / "meta" / "metadata").read_text())["config"]
+        variables_path = path / str(steps[-1]) / "variables"
     return dict(_restore_to_host(variables_path)), config_lib.config_from_saved(config_dict)

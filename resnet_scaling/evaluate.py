@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -27,6 +26,7 @@ from resnet_scaling import data as data_lib
 from resnet_scaling import mesh as mesh_lib
 from resnet_scaling import models, predict, steps, trainer
 from resnet_scaling import plan as plan_lib
+from resnet_scaling import workdir as workdir_lib
 
 logger = logging.getLogger("resnet_scaling.evaluate")  # Not __name__: "__main__" under `python -m`.
 
@@ -81,10 +81,9 @@ def evaluate_workdir(
     result = {"weights": weights, "split": split_name(config), "step": step, **metrics,
               "eval_sec": time.perf_counter() - start, "num_devices": mesh.size}
     if write and jax.process_index() == 0:
-        path = os.path.join(workdir, f"eval_{weights}_{_file_safe(result['split'])}.json")
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
-        result["path"] = path
+        path = workdir_lib.as_path(workdir) / f"eval_{weights}_{_file_safe(result['split'])}.json"
+        workdir_lib.write_text_atomically(path, json.dumps(result, indent=2))
+        result["path"] = str(path)
     return result
 
 

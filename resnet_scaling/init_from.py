@@ -8,12 +8,12 @@ from zero. A run that resumes from its own checkpoint ignores `init_from`.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
+from etils import epath
 from flax import traverse_util
 
 from resnet_scaling import checkpointing, models, steps, weights
@@ -25,7 +25,7 @@ FIELD = "config.model.init_from"
 def load_variables(path: str, model: models.ResNet, skip_classifier: bool) -> dict[str, Any]:
     """`{'params': ..., 'batch_stats': ...}` as NumPy, from a torchvision `.npz` or an exported/best
     directory; without the classifier when `skip_classifier`."""
-    if not os.path.exists(path):
+    if not epath.Path(path).exists():
         raise ConfigError(f"{FIELD}: {path!r} does not exist; give a torchvision .npz, a workdir, or its "
                           "export/ or best/ directory.")
     if path.endswith(".npz"):

@@ -11,7 +11,6 @@ mostly answers wrongly; this module exists so that nobody has to remember that.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from etils import epath
 
 from resnet_scaling import checkpointing, models, steps
 from resnet_scaling import config as config_lib
@@ -160,9 +160,9 @@ def load_run(path: str, weights: str = "export") -> tuple[dict[str, Any], ml_col
         raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}.")
     directory = path
     if not _is_parameters_directory(path):
-        if not os.path.isdir(path):
+        if not epath.Path(path).is_dir():
             raise FileNotFoundError(f"No workdir {path}.")
-        directory = os.path.join(path, weights)
+        directory = str(epath.Path(path) / weights)
         if weights == "export" and not _is_parameters_directory(directory):
             raise FileNotFoundError(
                 f"{path} has no export/: a run writes it when it finishes (config.checkpoint.export). "

@@ -10,10 +10,10 @@ throughput measurement (or keep it short).
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import jax
+from etils import epath
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ class StepWindowProfiler:
 
     def before_step(self, step: int) -> None:
         if self.enabled and step == self.first:
-            os.makedirs(self.logdir, exist_ok=True)
+            epath.Path(self.logdir).mkdir(parents=True, exist_ok=True)
             jax.profiler.start_trace(self.logdir)
             self._tracing = True
             logger.info("Profiling steps %d to %d into %s.", self.first, self.last, self.logdir)

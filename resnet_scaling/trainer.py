@@ -9,7 +9,6 @@ import collections
 import dataclasses
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -92,7 +91,8 @@ def train_and_evaluate(
     # The cheap checks first, in about a second: the slow set-up (devices, data, compilation) comes after.
     workdir_lib.check_writable(workdir)
     if config.checkpoint.enabled and (saved := checkpointing.latest_saved_meta(workdir)) is not None:
-        checkpointing.check_compatible(saved["config"], config, os.path.join(workdir, "checkpoints"))
+        checkpointing.check_compatible(saved["config"], config,
+                                       str(workdir_lib.as_path(workdir) / "checkpoints"))
     lock = _lock_workdir(workdir)
     try:
         return _train(config, workdir, arrays, devices, launch_start_wall)
@@ -148,7 +148,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                if is_writer else None)
     watcher = checkpointing.PreemptionWatcher()
     profiler = profiling.StepWindowProfiler(config.training.profile_steps,
-                                            os.path.join(workdir, "tensorboard"), enabled=is_writer)
+                                            str(workdir_lib.as_path(workdir) / "tensorboard"),
+                                            enabled=is_writer)
     buffer = metrics_lib.MetricsBuffer()
     result = TrainResult(state=state, plan=plan, train_history=[], eval_history=[], compile_sec=compile_sec,
                          start_step=start_step)
@@ -289,9 +290,8 @@ def _record_changes_on_resume(workdir: str, saved_meta: dict[str, Any], config: 
 
 def _write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
     """WORKDIR/config.json: the config of the run's latest launch (the console shows it only when asked)."""
-    os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-        f.write(config.to_json_best_effort(indent=2) + "\n")
+    workdir_lib.write_text_atomically(workdir_lib.as_path(workdir) / "config.json",
+                                      config.to_json_best_effort(indent=2) + "\n")
 
 
 def _abstract(state: steps.TrainState) -> Any:

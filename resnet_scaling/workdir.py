@@ -62,6 +62,19 @@ def check_writable(workdir: str | os.PathLike[str]) -> epath.Path:
     return path
 
 
+def write_text_atomically(path: str | os.PathLike[str], text: str) -> None:
+    """Writes `text` so that a reader never sees half of it: a temporary file renamed over the target on a
+    local disk; one object write on an object store (objects appear whole)."""
+    path = epath.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if "://" in os.fspath(path):
+        path.write_text(text)
+        return
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def describe_os_error(error: BaseException) -> str:
     """The root cause of an I/O failure in a few words ("No space left on device", ...), found along the
     exception's chain of causes (orbax and TensorStore wrap the OSError several levels deep)."""

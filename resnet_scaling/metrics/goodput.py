@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import time
 from collections.abc import Mapping
 from typing import Any
+
+from etils import epath
+
+from resnet_scaling import workdir as workdir_lib
 
 GOODPUT_FILENAME = "goodput.json"
 # Per-launch seconds by cause, as each launch records them.
@@ -41,7 +44,7 @@ class GoodputRecorder:
     """
 
     def __init__(self, workdir: str, start_step: int, launch_start_wall: float, write: bool = True) -> None:
-        self._path = os.path.join(workdir, GOODPUT_FILENAME)
+        self._path = workdir_lib.as_path(workdir) / GOODPUT_FILENAME
         self._write = write
         self.earlier = _read_launches(self._path) if start_step > 0 else []  # A fresh run starts afresh.
         self.launch: dict[str, Any] = {
@@ -56,10 +59,9 @@ class GoodputRecorder:
         if checkpoint:
             self.launch["training_sec_at"][str(int(step))] = self.launch["sec"]["training"]
         if self._write:
-            tmp = self._path + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump({"launches": [*self.earlier, self.launch]}, f, indent=1)
-            os.replace(tmp, self._path)  # A reader (the next launch) never sees half a file.
+            # A reader (the next launch) never sees half a file.
+            record = {"launches": [*self.earlier, self.launch]}
+            workdir_lib.write_text_atomically(self._path, json.dumps(record, indent=1))
 
     def summary(self) -> dict[str, Any]:
         """The summary's `goodput` section over every launch."""
@@ -101,8 +103,7 @@ def _training_sec_at(launch: Mapping[str, Any], step: int) -> float:
     return launch["sec"]["training"] * (step - launch["start_step"]) / done if done > 0 else 0.0
 
 
-def _read_launches(path: str) -> list[dict[str, Any]]:
-    if not os.path.exists(path):
+def _read_launches(path: epath.Path) -> list[dict[str, Any]]:
+    if not path.exists():
         return []
-    with open(path, encoding="utf-8") as f:
-        return list(json.load(f)["launches"])
+    return list(json.loads(path.read_text())["launches"])

@@ -27,10 +27,13 @@ a figure is unknown: no timed region, no evaluation reached the target, no publi
 from __future__ import annotations
 
 import json
-import os
 import types
 from collections.abc import Mapping
 from typing import Any
+
+from etils import epath
+
+from resnet_scaling import workdir as workdir_lib
 
 SUMMARY_SCHEMA_VERSION = 2  # 2: the goodput section.
 SUMMARY_FILENAME = "summary.json"
@@ -119,19 +122,15 @@ def check_summary(summary: Mapping[str, Any]) -> list[str]:
 
 def write_summary(workdir: str, summary: Mapping[str, Any]) -> str:
     """Writes `WORKDIR/summary.json` (the caller decides who writes: process 0) and returns its path."""
-    os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, SUMMARY_FILENAME)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2, default=str)  # default=str: config values such as tuples' odd types.
-        f.write("\n")
-    os.replace(tmp, path)  # A reader never sees half a file.
-    return path
+    path = workdir_lib.as_path(workdir) / SUMMARY_FILENAME
+    # default=str: config values such as tuples' odd types.
+    workdir_lib.write_text_atomically(path, json.dumps(summary, indent=2, default=str) + "\n")
+    return str(path)
 
 
 def read_summary(path: str) -> dict[str, Any]:
     """Loads a `summary.json` (a file or a workdir holding one)."""
-    if os.path.isdir(path):
-        path = os.path.join(path, SUMMARY_FILENAME)
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    path = epath.Path(path)
+    if path.is_dir():
+        path = path / SUMMARY_FILENAME
+    return json.loads(path.read_text())
