@@ -8,8 +8,9 @@ import pytest
 
 from resnet_scaling import data, mesh
 from resnet_scaling import plan as plan_lib
-from resnet_scaling.data import shapes
+from resnet_scaling.data import image_folders, shapes
 from tests.helpers import random_arrays, tiny_config
+from tests.image_files import write_folders
 
 
 @pytest.mark.parametrize("process_count", [1, 2, 3])
@@ -119,3 +120,25 @@ def test_shapes_dataset_is_deterministic_balanced_and_varied():
     assert not np.array_equal(images, other)
     # Each image shows contrast (a shape or texture), not a flat colour.
     assert (images.reshape(200, -1).std(axis=1) > 20).all()
+
+
+def test_a_split_without_any_image_names_its_empty_class_folders_and_the_files_it_ignored(tmp_path):
+    for name in ("cat", "dog"):
+        (tmp_path / "train" / name).mkdir(parents=True)
+    (tmp_path / "train" / "cat" / "cat.webp").write_bytes(b"RIFF")
+    with pytest.raises(data.DataError) as error:
+        image_folders.list_class_folders(str(tmp_path / "train"))
+    message = str(error.value)
+    assert "no image files (.jpg, .jpeg, .png) in any of its 2 class folders" in message
+    assert str(tmp_path / "train" / "cat") in message and str(tmp_path / "train" / "dog") in message
+    assert "cat.webp) are ignored" in message and "\n" not in message
+
+
+def test_empty_class_folders_are_listed_first_few_and_a_count(tmp_path):
+    write_folders(tmp_path, num_classes=2, train_per_class=1, eval_per_class=1)
+    for i in range(5):
+        (tmp_path / "train" / f"empty_{i}").mkdir()
+    with pytest.raises(data.DataError, match=r"5 training class folder\(s\) hold no image files .*empty_0, "
+                                             r".*empty_1, .*empty_2 and 2 more; add their images"):
+        image_folders.list_splits(str(tmp_path))
+    assert image_folders.name_few(["a", "b"]) == "a, b"

@@ -14,7 +14,7 @@ import tensorflow_datasets as tfds
 
 from resnet_scaling import checkpointing, data, mesh, trainer
 from resnet_scaling import plan as plan_lib
-from resnet_scaling.data import pipeline, tfds_data
+from resnet_scaling.data import pipeline, records, tfds_data
 from tests.helpers import tiny_config
 from tests.image_files import encode, identity, with_identity, write_folders, write_ilsvrc_tars
 
@@ -148,13 +148,124 @@ def test_undecodable_files_are_skipped_and_counted_and_awkward_ones_decode(folde
     assert "Evaluation left out 1 undecodable" in caplog.text
 
 
-def test_a_dataset_where_nothing_decodes_is_refused_at_start_up(tmp_path):
+def test_a_dataset_where_nothing_decodes_is_refused_at_start_up_naming_the_files(tmp_path):
     for split in ("train", "val"):
         (tmp_path / split / "a").mkdir(parents=True)
         for i in range(3):
             (tmp_path / split / "a" / f"{i}.jpg").write_bytes(os.urandom(500))
-    with pytest.raises(data.DataError, match="None of the first 3 training images could be decoded"):
+    with pytest.raises(data.DataError, match=r"None of the 3 training images sampled .* could be decoded .*"
+                                             r"a/0\.jpg, .*a/1\.jpg, .*a/2\.jpg; remove or replace them"):
         _source(_folder_config(tmp_path, model__num_classes=1))
+
+
+def _empty_files(folder, count):
+    """`count` zero-byte .JPEG files that sort before write_folders' 0.JPEG, 1.JPEG, ..."""
+    for i in range(count):
+        (folder / f"+empty_{i}.JPEG").write_bytes(b"")
+    assert sorted(os.listdir(folder))[0] == "+empty_0.JPEG"
+
+
+def test_bad_files_sorting_first_do_not_condemn_a_dataset_whose_other_files_are_fine(tmp_path, caplog):
+    # Nine empty files first in the evaluation split (what an interrupted copy leaves), 12 good ones after:
+    # a probe of the first files alone refused this dataset.
+    write_folders(tmp_path, train_per_class=8, eval_per_class=4)
+    _empty_files(tmp_path / "val" / "class_0", 9)
+    source = _source(_folder_config(tmp_path))
+    with caplog.at_level(logging.WARNING):
+        masks = [np.asarray(b["mask"]) for b in source.eval_batches()]
+    assert sum(int(m.sum()) for m in masks) == 12
+    assert "Evaluation left out 9 undecodable image(s)" in caplog.text and "+empty_0.JPEG" in caplog.text
+
+
+def test_a_dataset_most_of_whose_sample_is_bad_is_refused_naming_the_files(tmp_path):
+    write_folders(tmp_path, train_per_class=8, eval_per_class=1)  # 3 good evaluation images.
+    _empty_files(tmp_path / "val" / "class_0", 9)
+    with pytest.raises(data.DataError) as error:
+        _source(_folder_config(tmp_path))
+    message = str(error.value)
+    assert "Only 3 of the 12 evaluation images sampled" in message and "9 could not" in message
+    assert "empty: 0 bytes" in message
+    assert "+empty_0.JPEG" in message and "and 6 more" in message and "remove or replace them" in message
+    assert "\n" not in message
+
+
+def test_evaluation_names_the_images_it_left_out_once(folders, caplog):
+    (folders / "val" / "class_1" / "truncated.JPEG").write_bytes(encode(with_identity(1))[:300])
+    source = _source(_folder_config(folders))
+    with caplog.at_level(logging.INFO):
+        for _ in range(2):  # Two evaluations: the same file named once.
+            assert sum(int(np.asarray(b["mask"]).sum()) for b in source.eval_batches()) == 9
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "Evaluation left out 1 undecodable image(s) of this process's 10 (it covers 9)" in warnings[0]
+    assert os.path.join("class_1", "truncated.JPEG") in warnings[0] and "remove or replace" in warnings[0]
+    assert "the same 1 undecodable image(s) as before" in caplog.text
+
+
+def test_each_undecodable_training_file_is_named_once_not_every_epoch(folders, caplog):
+    train_dir = folders / "train" / "class_0"
+    (train_dir / "truncated.JPEG").write_bytes(encode(with_identity(1))[:300])
+    (train_dir / "garbage.jpg").write_bytes(os.urandom(2000))
+    source = _source(_folder_config(folders))
+    stream = source.train_batches()
+    with caplog.at_level(logging.WARNING):
+        for _ in range(12):  # 96 images: over three epochs of 24 decodable (26 files).
+            next(stream)
+    assert source.num_skipped_train >= 6  # Both files, every epoch.
+    warnings = [r.getMessage() for r in caplog.records if "undecodable training" in r.getMessage()]
+    for name in ("truncated.JPEG", "garbage.jpg"):
+        assert sum(name in w for w in warnings) == 1, warnings
+    assert all("remove or replace them" in w for w in warnings)
+
+
+def test_a_training_class_folder_without_images_is_named(folders):
+    (folders / "train" / "class_3").mkdir()
+    (folders / "train" / "class_3" / "notes.txt").write_text("not an image")
+    with pytest.raises(data.DataError, match=r"1 training class folder\(s\) hold no image files .*"
+                                             r"train/class_3; add their images"):
+        _source(_folder_config(folders, model__num_classes=4))
+
+
+def test_classes_without_evaluation_images_are_named_in_a_warning(folders, caplog):
+    for file in (folders / "val" / "class_2").iterdir():
+        file.unlink()
+    with caplog.at_level(logging.WARNING):
+        source = _source(_folder_config(folders))
+    assert source.num_eval_examples == 6
+    assert "1 of 3 classes have no evaluation images" in caplog.text and ": class_2;" in caplog.text
+
+
+def test_record_shares_name_each_record_by_its_storage_index_in_any_epoch(tmp_path):
+    # Three TFRecord files; each record holds its own name, so a stream shows where its records are stored.
+    pieces = []
+    for f, (skip, take) in enumerate(((1, 4), (0, 3), (2, 5))):
+        filename = str(tmp_path / f"shard-{f}.tfrecord")
+        with tf.io.TFRecordWriter(filename) as writer:
+            for r in range(skip + take):
+                writer.write(f"record {r} of {filename}".encode())
+        pieces.append((filename, skip, take))
+    share = records.TFRecordShards(pieces, lambda s: (s, tf.constant(0, tf.int32)), seed=5, process_index=0,
+                                   shuffle_buffer_size=4, cycle_length=2)
+    stored = [bytes(b.numpy()).decode() for b, _ in share.in_order()]
+    assert [share.name(i) for i in range(share.num_examples)] == stored
+    for epoch in (0, 3):
+        streamed = [bytes(b.numpy()).decode() for b, _ in share.epoch(tf.constant(epoch, tf.int64))]
+        assert streamed != stored
+        indices = share.storage_indices(epoch, np.arange(share.num_examples))
+        assert [stored[i] for i in indices] == streamed
+    sample = share.sample_indices(5)
+    assert len(sample) == 5 and {share.name(i).split(" of ")[1] for i in sample} == {p[0] for p in pieces}
+    read = {int(i): bytes(b).decode() for i, b, _ in share.records_at(sample).as_numpy_iterator()}
+    assert read == {int(i): stored[i] for i in sample}
+    paths = [tmp_path / f"file_{i}" for i in range(10)]
+    for path in paths:
+        path.write_bytes(b"")
+    files = records.FileList([str(p) for p in paths], list(range(10)), seed=1, process_index=0)
+    for epoch in (0, 1):
+        order = [int(label) for _, label in files.epoch(tf.constant(epoch, tf.int64))]  # Labels: indices.
+        np.testing.assert_array_equal(files.storage_indices(epoch, np.arange(10)), order)
+        assert order != list(range(10))
+    assert files.name(3) == str(paths[3])
 
 
 def test_missing_or_malformed_folders_and_class_mismatch_say_what_to_fix(tmp_path, folders):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import logging
 import os
 import shutil
 import tempfile
@@ -19,6 +20,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from resnet_scaling.data.base import DataError
+
+logger = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 EVAL_FOLDER_NAMES = ("val", "validation")
@@ -32,6 +35,13 @@ class ImageFiles:
     labels: np.ndarray  # int32, index into class_names.
     class_names: list[str]
     num_ignored: int  # Files without an image extension.
+    empty_folders: list[str] = dataclasses.field(default_factory=list)  # Class folders without images.
+
+
+def name_few(names: Sequence[str], limit: int = 3) -> str:
+    """The first `limit` names and how many more: "a, b, c and 6 more"."""
+    shown = ", ".join(str(n) for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def list_class_folders(split_dir: str, class_names: Sequence[str] | None = None) -> ImageFiles:
@@ -54,9 +64,10 @@ def list_class_folders(split_dir: str, class_names: Sequence[str] | None = None)
     unknown = [name for name in found if name not in index]
     if unknown:
         raise DataError(f"{split_dir!r} has classes the training split lacks: {unknown[:5]}.")
-    paths, labels, ignored = [], [], 0
+    paths, labels, ignored, empty = [], [], [], []
     for name in found:
         folder = os.path.join(split_dir, name)
+        before = len(paths)
         for file in sorted(os.scandir(folder), key=lambda e: e.name):
             if not file.is_file():
                 continue
@@ -64,11 +75,38 @@ def list_class_folders(split_dir: str, class_names: Sequence[str] | None = None)
                 paths.append(file.path)
                 labels.append(index[name])
             else:
-                ignored += 1
+                ignored.append(file.path)
+        if len(paths) == before:
+            empty.append(folder)
     if not paths:
-        raise DataError(f"{split_dir!r} has no image files ({', '.join(IMAGE_EXTENSIONS)}) in its class "
-                        "folders.")
-    return ImageFiles(paths, np.asarray(labels, np.int32), list(class_names), ignored)
+        others = f"; the {len(ignored)} other files ({name_few(ignored)}) are ignored" if ignored else ""
+        raise DataError(f"{split_dir!r} has no image files ({', '.join(IMAGE_EXTENSIONS)}) in any of its "
+                        f"{len(found)} class folders ({name_few(empty)}){others}; put the images in "
+                        f"{split_dir}/<class name>/.")
+    return ImageFiles(paths, np.asarray(labels, np.int32), list(class_names), len(ignored), empty)
+
+
+def list_splits(root: str) -> tuple[ImageFiles, ImageFiles]:
+    """The training and evaluation splits of the class-folder dataset at `root`.
+
+    Raises DataError for a training class folder without images (as torchvision's ImageFolder does: the
+    class would be in the model but never trained); warns about classes without evaluation images.
+    """
+    train = list_class_folders(os.path.join(root, "train"))
+    if train.empty_folders:
+        raise DataError(f"{len(train.empty_folders)} training class folder(s) hold no image files "
+                        f"({', '.join(IMAGE_EXTENSIONS)}): {name_few(train.empty_folders)}; add their "
+                        "images, or remove those classes' folders from train/ and the evaluation folder "
+                        "and set config.model.num_classes to the classes left.")
+    eval_dir = find_eval_folder(root)
+    evaluation = list_class_folders(eval_dir, train.class_names)
+    counts = np.bincount(evaluation.labels, minlength=len(train.class_names))
+    missing = [name for name, count in zip(train.class_names, counts, strict=True) if not count]
+    if missing:
+        logger.warning("%d of %d classes have no evaluation images in %s (empty or missing folders): %s; "
+                       "accuracy leaves them out - add their images if that is not intended.",
+                       len(missing), len(train.class_names), eval_dir, name_few(missing))
+    return train, evaluation
 
 
 def find_eval_folder(root: str) -> str:

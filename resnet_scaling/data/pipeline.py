@@ -4,13 +4,16 @@ Training: an endless stream over epochs (batches run across epoch boundaries), s
 step `start_step` would reach, each image augmented with a seed derived from its position in the stream,
 so a restarted run sees the same images, crops and flips as an uninterrupted one. Evaluation: the share in
 storage order, the last batch padded and masked, and every process running the same number of batches.
-Images that cannot be decoded are skipped, counted and named in warnings; they never stop the run.
+Images that cannot be decoded are skipped and counted; warnings name each bad training file once (not every
+epoch) and the files an evaluation left out. They never stop the run, but a dataset where most of a sample
+spread across each share does not decode is refused at start-up, naming the files.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Iterator
 
 import jax
@@ -68,9 +71,7 @@ def record_shares(config: ml_collections.ConfigDict, process_index: int, process
                                     seed=config.seed)
     elif data.source != "folders":
         raise ValueError(f"config.data.source {data.source!r} is not read through tf.data.")
-    train_files = image_folders.list_class_folders(f"{root}/train")
-    eval_files = image_folders.list_class_folders(image_folders.find_eval_folder(root),
-                                                  train_files.class_names)
+    train_files, eval_files = image_folders.list_splits(root)
     # Folders are listed class by class: permute once (the same on every process) before sharing, so
     # that every process's share holds every class.
     permutation = np.random.default_rng(config.seed).permutation(len(train_files.paths))
@@ -148,13 +149,13 @@ class TFDataSource:
         self._local_eval_batch = batch.eval_per_process_batch_size
         self._num_eval_batches = batch.eval_steps(self.num_eval_examples)  # The same on every process.
         self.num_skipped_train = 0  # Undecodable training images skipped so far by this process.
+        self._named_train_skips: set[int] = set()  # Storage indices already named in a warning.
+        self._named_eval_skips: tuple[int, ...] = ()  # The left-out images the last warning named.
         if self._train.num_examples == 0:
             raise DataError(f"Process {self._process_index} of {self._process_count} got no training "
                             "examples: the training split is smaller than the number of processes.")
-        # Skipping bad images one by one would hide a dataset where none decodes (and spin forever):
-        # refuse that at start-up instead.
         for name, share in (("training", self._train), ("evaluation", self._eval)):
-            _check_some_decode(name, share, preprocess)
+            _check_decodable(name, share, preprocess)
 
     def _options(self) -> tf.data.Options:
         options = tf.data.Options()
@@ -192,13 +193,14 @@ class TFDataSource:
         """This process's evaluation batches as tf.data, unpadded (the last one may be short)."""
         config = self._preprocess
 
-        def preprocess(image_bytes, label):
+        def preprocess(index, record):
+            image_bytes, label = record
             image = preprocessing.preprocess_for_eval(image_bytes, config)
-            return {"images": image, "labels": tf.cast(label, tf.int32)}
+            return {"images": image, "labels": tf.cast(label, tf.int32), "index": index}
 
-        ds = self._eval.in_order()
+        ds = self._eval.in_order().enumerate()  # `index`: the storage index.
         ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        ds = ds.ignore_errors()  # Undecodable images; local_eval_batches counts them.
+        ds = ds.ignore_errors()  # Undecodable images; local_eval_batches names them from the gaps in `index`.
         ds = ds.batch(self._local_eval_batch)
         return ds.prefetch(self._prefetch_batches).with_options(self._options())
 
@@ -212,12 +214,24 @@ class TFDataSource:
             index = local.pop("index")
             missing = np.setdiff1d(np.arange(expected, index[-1] + 1), index)
             if missing.size:
-                self.num_skipped_train += missing.size
-                names = ", ".join(self._train.describe(*divmod(int(p), per_epoch)) for p in missing[:5])
-                logger.warning("Skipped %d undecodable training image(s) (%d so far in this process): %s",
-                                missing.size, self.num_skipped_train, names)
+                self._note_train_skips(missing, per_epoch)
             expected = int(index[-1]) + 1
             yield mesh_lib.host_local_to_global(local, self._mesh)
+
+    def _note_train_skips(self, positions: np.ndarray, per_epoch: int) -> None:
+        """Counts skipped stream positions; warns once per file, naming those not named before."""
+        self.num_skipped_train += positions.size
+        epochs, offsets = np.divmod(positions, per_epoch)
+        stored = np.concatenate([self._train.storage_indices(int(e), offsets[epochs == e])
+                                 for e in np.unique(epochs)])
+        new = [int(i) for i in np.unique(stored) if int(i) not in self._named_train_skips]
+        if not new:
+            return
+        self._named_train_skips.update(new)
+        logger.warning("Skipping %d undecodable training image(s): %s; remove or replace them (each is named "
+                       "once: %d so far in this process, skipped silently in later epochs).", len(new),
+                       image_folders.name_few(sorted(self._train.name(i) for i in new), 5),
+                       len(self._named_train_skips))
 
     def eval_batches(self) -> Iterator[Batch]:
         for local in self.local_eval_batches():
@@ -227,32 +241,65 @@ class TFDataSource:
         """This process's padded evaluation batches (NumPy, with `mask`), as many as every process runs."""
         b = self._local_eval_batch
         size = self._preprocess.image_size
-        evaluated, num_batches = 0, 0
+        evaluated, num_batches = [], 0
         for local in self.eval_dataset().as_numpy_iterator():
-            evaluated += len(local["labels"])
+            evaluated.append(local.pop("index"))
             num_batches += 1
             yield pad_batch(local, b)
         for _ in range(self._num_eval_batches - num_batches):
             empty = {"images": np.zeros((0, size, size, 3), np.uint8), "labels": np.zeros((0,), np.int32)}
             yield pad_batch(empty, b)
-        skipped = self._eval.num_examples - evaluated
-        if skipped:
-            logger.warning("Evaluation left out %d undecodable image(s) of this process's %d: it covers %d.",
-                            skipped, self._eval.num_examples, evaluated)
+        covered = np.concatenate(evaluated) if evaluated else np.zeros((0,), np.int64)
+        left_out = np.setdiff1d(np.arange(self._eval.num_examples), covered)
+        if left_out.size:
+            self._note_eval_skips(left_out)
+
+    def _note_eval_skips(self, left_out: np.ndarray) -> None:
+        """Names the images an evaluation left out; later evaluations leaving out the same ones say less."""
+        n, total = left_out.size, self._eval.num_examples
+        if tuple(left_out.tolist()) == self._named_eval_skips:
+            logger.info("Evaluation left out the same %d undecodable image(s) as before.", n)
+            return
+        self._named_eval_skips = tuple(left_out.tolist())
+        logger.warning("Evaluation left out %d undecodable image(s) of this process's %d (it covers %d): %s; "
+                       "remove or replace them to evaluate on the whole split.", n, total, total - n,
+                       image_folders.name_few([self._eval.name(int(i)) for i in left_out], 5))
 
 
-def _check_some_decode(name: str, share: RecordShare, config: preprocessing.PreprocessConfig,
-                       count: int = 8) -> None:
-    """Raises DataError when none of the first `count` images of a share decodes."""
-    first = share.in_order().take(count)
-    decoded = first.map(lambda image_bytes, _: preprocessing.preprocess_for_eval(image_bytes, config))
-    if share.num_examples == 0 or any(True for _ in decoded.ignore_errors()):
+def _check_decodable(name: str, share: RecordShare, config: preprocessing.PreprocessConfig,
+                     sample_size: int = 32) -> None:
+    """Raises DataError, naming the files, when most of a sample spread across a share cannot be decoded.
+
+    Skipping bad images one by one would hide a dataset where (almost) none decodes, and spin forever
+    where none does. The sample is spread across the share, not its first files: a few bad files that
+    sort first (empty files in one class's folder) must not condemn a dataset whose other files are fine.
+    """
+    indices = share.sample_indices(sample_size)
+    if not indices.size:
         return
-    try:  # Again, one image, to report why.
-        for image_bytes, _ in first.take(1):
+    decoded = share.records_at(indices).map(
+        lambda index, image_bytes, _: (index, preprocessing.preprocess_for_eval(image_bytes, config)),
+        num_parallel_calls=tf.data.AUTOTUNE)
+    good = {int(index) for index, _ in decoded.ignore_errors().as_numpy_iterator()}
+    bad = sorted((int(i) for i in indices if int(i) not in good), key=share.name)
+    if 2 * len(bad) <= len(indices):
+        return  # Any bad ones are skipped, and named, when the run meets them.
+    count = "None" if len(bad) == len(indices) else f"Only {len(indices) - len(bad)}"
+    raise DataError(f"{count} of the {len(indices)} {name} images sampled across this process's share could "
+                    f"be decoded as JPEG, PNG, GIF or BMP; {len(bad)} could not "
+                    f"({_why_undecodable(share, bad[0], config)}): "
+                    f"{image_folders.name_few([share.name(i) for i in bad])}; remove or replace them.")
+
+
+def _why_undecodable(share: RecordShare, index: int, config: preprocessing.PreprocessConfig) -> str:
+    """Why the record at storage index `index` cannot be decoded, in a few words."""
+    try:
+        for _, image_bytes, _ in share.records_at(np.asarray([index])):
+            if not image_bytes.numpy():
+                return "the first is empty: 0 bytes"
             preprocessing.preprocess_for_eval(image_bytes, config)
-        reason = "unknown"
     except tf.errors.OpError as e:
-        reason = e.message.strip().splitlines()[0]
-    raise DataError(f"None of the first {min(count, share.num_examples)} {name} images could be decoded as "
-                    f"JPEG, PNG, GIF or BMP; the first error: {reason}")
+        # Eager errors wrap the message: "{{function_node ...}} <message> [Op:DecodeImage] name: ".
+        message = re.sub(r"\{\{.*?\}\}|\[Op:.*", "", e.message).strip()
+        return "the first: " + (message.splitlines() or ["reason unknown"])[0].rstrip(".")
+    return "reason unknown"
