@@ -369,6 +369,10 @@ class Checkpointer:
                                               json.dumps(self._config.to_dict(), indent=2, default=str))
         return self._export_directory
 
+    def has_export(self) -> bool:
+        """Whether `export/` holds parameters and a config (from this run or an earlier launch)."""
+        return is_export_directory(self._export_directory)
+
     def paths(self, exported: bool) -> dict[str, str]:
         """What this checkpointer writes, for the closing headline: checkpoints, best and exported weights."""
         paths = {"checkpoints": self.directory}

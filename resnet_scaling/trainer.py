@@ -215,7 +215,11 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                     "checkpoints are off (config.checkpoint.enabled), nothing was saved")
                 break
         clock.pause(wait_for=state)
-        if checkpointer is not None and not result.preempted and config.checkpoint.export:
+        # A launch that ran no step (the run was already complete) leaves an existing export as it is:
+        # rewriting its config.json would record settings no step used.
+        ran_a_step = int(state.step) > start_step
+        if (checkpointer is not None and not result.preempted and config.checkpoint.export
+                and (ran_a_step or not checkpointer.has_export())):
             log("Exported the final parameters to %s.", checkpointer.export(state))
         result.state = state
         goodput.record(int(state.step), clock.launch_sec())

@@ -45,6 +45,7 @@ def test_a_gs_workdir_trains_resumes_exports_and_loads_from_the_bucket(tmp_path)
         assert any(n.startswith("best/") for n in names)
         assert any(n.startswith("tensorboard/") and "tfevents" in n for n in names)
         assert not (tmp_path / "gs:").exists(), "a local folder named gs: was written"
+        assert "run.lock" not in names  # Taken in the bucket and released at the end.
 
         loaded = _run([sys.executable, "-c", (
             "import json, sys\n"

@@ -286,6 +286,12 @@ def test_a_changed_learning_rate_on_resume_is_said_and_recorded(tmp_path, caplog
     assert record["step"] == 4
     assert record["changes"] == {"optimizer.base_learning_rate": [0.1, 0.05],
                                  "training.num_train_steps": [4, 6]}
+    exported = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert exported["optimizer"]["base_learning_rate"] == 0.05  # Steps 5 and 6 used it.
+    # A launch of a finished run runs no step: the export keeps the settings its steps used.
+    _train(tmp_path, training__num_train_steps=6, optimizer__base_learning_rate=0.01)
+    exported = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert exported["optimizer"]["base_learning_rate"] == 0.05
 
 
 # ------------------------------------------------------------------ the command line
