@@ -15,6 +15,13 @@ job does not form (a peer never started), fails after `initialization_timeout_se
 says which process is missing and what to check, instead of hanging or aborting with a C++ stack trace.
 A coordinator on a loopback address (launch/local.py's 127.0.0.1) listens on that address only, not on every
 interface; JAX_COORDINATOR_BIND_ADDRESS chooses the address for other jobs.
+
+Once the job has formed, a peer watchdog in every process notices a process that dies (kill -9, the
+out-of-memory killer, a lost host): after `peer_timeout_sec` (RESNET_SCALING_PEER_TIMEOUT_SEC, default 60; 0
+turns it off) without a sign of life from it, every other process writes one `error:` line that names it and
+exits with status 1, within `peer_exit_bound_sec(peer_timeout_sec)` of the death (80 s by default), instead
+of hanging in a collective or aborting later with a C++ stack trace. The next launch of the same command
+resumes from the last complete checkpoint.
 """
 
 from __future__ import annotations
@@ -23,14 +30,17 @@ import dataclasses
 import errno
 import ipaddress
 import logging
+import math
 import os
 import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
+from jax._src import distributed as jax_distributed
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +52,10 @@ ENV_MODE = "RESNET_SCALING_DISTRIBUTED"  # "auto" or "off"
 ENV_BIND_ADDRESS = "JAX_COORDINATOR_BIND_ADDRESS"  # read by jax.distributed.initialize itself
 # JAX is given this much longer than our own deadline, so that the watchdog below speaks first.
 _JAX_TIMEOUT_MARGIN_SEC = 10
+DEFAULT_PEER_TIMEOUT_SEC = 60
+ENV_PEER_TIMEOUT = "RESNET_SCALING_PEER_TIMEOUT_SEC"
+# Keys of the peer watchdog in the coordination service's key-value store.
+_WATCH_PREFIX = "resnet_scaling/peer_watch/"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,27 +302,252 @@ def wait_for_coordinator(address: str, timeout_sec: float, poll_sec: float = 1.0
         time.sleep(poll_sec)
 
 
+def resolve_peer_timeout_sec(value: float | None = None, env: Mapping[str, str] | None = None) -> float:
+    """How long a silent peer is given before the job counts it as lost: `value` when given, else
+    RESNET_SCALING_PEER_TIMEOUT_SEC, else 60 s. 0 turns the peer watchdog off.
+
+    Raises:
+      ValueError: a negative or non-numeric value.
+    """
+    env = os.environ if env is None else env
+    if value is None:
+        text = env.get(ENV_PEER_TIMEOUT, "")
+        try:
+            value = float(text) if text else DEFAULT_PEER_TIMEOUT_SEC
+        except ValueError:
+            raise ValueError(f"{ENV_PEER_TIMEOUT} must be a number of seconds, got {text!r}.") from None
+    if value < 0:
+        raise ValueError(f"The peer timeout must be >= 0 seconds (0 turns the watch off), got {value:g}.")
+    return float(value)
+
+
+def peer_poll_sec(timeout_sec: float) -> float:
+    """How often the peer watchdog beats and looks at the others: a tenth of the timeout, 0.5 to 5 s."""
+    return min(5.0, max(0.5, timeout_sec / 10))
+
+
+def peer_exit_bound_sec(timeout_sec: float) -> float:
+    """The longest a process takes to exit after a peer died, with a peer timeout of `timeout_sec`.
+
+    A peer is seen silent for `timeout_sec` at most one poll late, after its last beat, which its death can
+    follow by up to one poll; process 0 then keeps the coordination service up for two more polls, so that
+    the others read the verdict and exit with the same line rather than with JAX's abort.
+    """
+    return timeout_sec + 4 * peer_poll_sec(timeout_sec)
+
+
+def jax_heartbeat_timeout_sec(timeout_sec: float) -> int:
+    """JAX's own heartbeat timeout for a peer timeout: longer than the watchdog's bound, so that the
+    watchdog's line comes first and JAX's abort (SIGABRT, a C++ stack trace) only ends a process whose
+    watchdog could not run."""
+    return math.ceil(peer_exit_bound_sec(timeout_sec)) + _JAX_TIMEOUT_MARGIN_SEC
+
+
+def _coordination_client() -> Any:
+    """JAX's client of the coordination service, None when this process is alone or has shut it down."""
+    return jax_distributed.global_state.client
+
+
+def report_progress(step: int, checkpoint_step: int | None = None) -> None:
+    """Records where training is, so that a peer watchdog's error can say at about which step a process was
+    lost and which checkpoint the next launch resumes from. Does nothing in a single-process run.
+
+    Args:
+      step: the last step this process has done (dispatched is enough: "about").
+      checkpoint_step: the newest checkpoint whose save has finished on every process, when it changed;
+        None leaves the recorded one as it is.
+    """
+    client = _coordination_client()
+    if client is None:
+        return
+    index = jax_distributed.global_state.process_id
+    try:
+        client.key_value_set(f"{_WATCH_PREFIX}step/{index}", str(int(step)), allow_overwrite=True)
+        if checkpoint_step is not None:
+            client.key_value_set(f"{_WATCH_PREFIX}checkpoint/{index}", str(int(checkpoint_step)),
+                                 allow_overwrite=True)
+    except Exception as e:  # noqa: BLE001 - progress is a courtesy; the watchdog reports the failure.
+        logger.debug("Could not record the progress at step %d: %s", step, e)
+
+
+def _names(indices: list[int]) -> str:
+    return (f"process {indices[0]}" if len(indices) == 1 else
+            "processes " + ", ".join(str(i) for i in indices[:-1]) + f" and {indices[-1]}")
+
+
+def peer_lost_message(lost: list[int], num_processes: int, process_id: int, timeout_sec: float,
+                      step: int | None = None, checkpoint_step: int | None = None) -> str:
+    """The one line (without "error: ") that names the lost process(es) and says how to go on.
+
+    Args:
+      lost: the processes not heard from for `timeout_sec`.
+      num_processes, process_id: the job's size and this process's index.
+      step: about where training was (the highest step any process reported), if known.
+      checkpoint_step: the newest checkpoint complete on every process, if known.
+    """
+    who = _names(sorted(lost))
+    at_step = f" (lost at about step {step})" if step is not None else ""
+    resume = (f"the last complete checkpoint (step {checkpoint_step})" if checkpoint_step is not None
+              else "the last complete checkpoint, if there is one")
+    return (f"{who} of {num_processes} stopped responding{at_step}: no sign of life for {timeout_sec:g} s "
+            f"({ENV_PEER_TIMEOUT}). It was killed (the out-of-memory killer sends SIGKILL), crashed, or lost "
+            f"its host; its own output or the launcher's says which. This process (process {process_id}) "
+            f"stops too, as the job cannot go on without it: run the same command to resume from {resume}.")
+
+
+def coordinator_lost_message(num_processes: int, process_id: int, timeout_sec: float, error: Exception,
+                             address: str | None = None) -> str:
+    """The one line (without "error: ") for a coordination service that stopped answering."""
+    where = f" at {address}" if address else ""
+    return (f"process 0 of {num_processes}, which hosts the coordinator{where}, stopped answering for "
+            f"{timeout_sec:g} s ({ENV_PEER_TIMEOUT}; last error: {str(error).splitlines()[0][:200]}). Read "
+            f"process 0's output for why. This process (process {process_id}) stops too: run the same "
+            "command to resume from the last complete checkpoint, if there is one.")
+
+
+def _int_or_none(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+class PeerWatchdog:
+    """Notices a process of the job that died, and ends this one with one `error:` line that names it.
+
+    Why: when a process dies after the job has formed, the others hang in their next collective (gloo,
+    NCCL and ICI need every process) or, when the transport reports the broken connection, fail and then
+    hang in JAX's shutdown barrier; JAX's coordination service aborts them only after its heartbeat timeout
+    (100 s by default), with SIGABRT and a C++ stack trace that blames "another task" (measured with jax
+    0.10.2). Python cannot catch that abort, and JAX's `missed_heartbeat_callback` hook cannot be used from
+    Python (jaxlib 0.10.2 fails to convert its status argument: std::bad_cast, then terminate).
+
+    How: a daemon thread in every process writes a counter to the coordination service's key-value store
+    every `peer_poll_sec` and reads everyone's. The thread runs while the main thread waits in C++ (a
+    collective, a barrier, the shutdown barrier at exit), which releases the GIL; a slow step, compile or
+    checkpoint does not silence it. A process whose counter has not moved for `timeout_sec` is lost: the
+    first process to see it writes a notice (so every process names the same one), writes its `error:`
+    line, and exits with status 1. Process 0 hosts the service, so it waits two polls first, letting the
+    others read the notice. If process 0 itself dies, JAX ends the others at once (measured: within 0.2 s,
+    SIGABRT, "Failed to send RPC to coordination service. Either the leader task was preempted/died...");
+    this watchdog cannot speak before that.
+    """
+
+    def __init__(self, process_id: int, num_processes: int, timeout_sec: float, *,
+                 client: Callable[[], Any] = _coordination_client,
+                 clock: Callable[[], float] = time.monotonic, coordinator_address: str | None = None) -> None:
+        self.process_id = process_id
+        self.num_processes = num_processes
+        self.timeout_sec = timeout_sec
+        self.poll_sec = peer_poll_sec(timeout_sec)
+        self.finished = False  # True once the client is shut down: the process is exiting normally.
+        self._client = client
+        self._clock = clock
+        self._coordinator_address = coordinator_address
+        self._beats = 0
+        now = clock()
+        self._last_contact = now
+        # Each peer's last counter value and when it changed; a peer not yet beating counts from now.
+        self._seen: dict[int, tuple[str | None, float]] = {
+            i: (None, now) for i in range(num_processes) if i != process_id}
+        self._thread: threading.Thread | None = None
+
+    def check(self) -> str | None:
+        """One round: beat, look at the others. Returns the error line (without "error: ") when the job has
+        lost a process, else None."""
+        client = self._client()
+        if client is None:
+            self.finished = True
+            return None
+        now = self._clock()
+        try:
+            client.key_value_set(f"{_WATCH_PREFIX}beat/{self.process_id}", str(self._beats),
+                                 allow_overwrite=True)
+            self._beats += 1
+            entries = dict(client.key_value_dir_get(_WATCH_PREFIX))
+        except Exception as e:  # noqa: BLE001 - any failure to reach the service counts as silence.
+            if self._client() is None:  # Shut down while we asked: a normal exit.
+                self.finished = True
+                return None
+            if now - self._last_contact > self.timeout_sec:
+                return coordinator_lost_message(self.num_processes, self.process_id, self.timeout_sec, e,
+                                                self._coordinator_address)
+            return None
+        self._last_contact = now
+        lost = self._lost_by_notice(entries.get(f"{_WATCH_PREFIX}lost"))
+        if not lost:
+            for peer, (value, changed) in self._seen.items():
+                current = entries.get(f"{_WATCH_PREFIX}beat/{peer}")
+                if current != value:
+                    self._seen[peer] = (current, now)
+                elif now - changed > self.timeout_sec:
+                    lost.append(peer)
+            if lost:
+                try:  # Every other process names the same process(es), whatever their clocks saw.
+                    client.key_value_set(f"{_WATCH_PREFIX}lost", ",".join(map(str, lost)),
+                                         allow_overwrite=True)
+                except Exception as e:  # noqa: BLE001 - they will find it themselves.
+                    logger.debug("Could not record the lost process(es): %s", e)
+        if not lost:
+            return None
+        steps = [_int_or_none(v) for k, v in entries.items() if k.startswith(f"{_WATCH_PREFIX}step/")]
+        checkpoints = [_int_or_none(v) for k, v in entries.items()
+                       if k.startswith(f"{_WATCH_PREFIX}checkpoint/")]
+        step = max((s for s in steps if s is not None), default=None)
+        checkpoint_step = max((s for s in checkpoints if s is not None), default=None)
+        return peer_lost_message(lost, self.num_processes, self.process_id, self.timeout_sec, step,
+                                 checkpoint_step)
+
+    def _lost_by_notice(self, notice: str | None) -> list[int]:
+        indices = [_int_or_none(part) for part in (notice or "").split(",")]
+        return [i for i in indices if i is not None and i != self.process_id]
+
+    def start(self) -> PeerWatchdog:
+        """Starts the watching thread (a daemon: it never holds the process open)."""
+        self._thread = threading.Thread(target=self._run, name="peer-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self.finished:
+            message = self.check()
+            if message is not None:
+                sys.stdout.flush()
+                sys.stderr.write(f"error: {message}\n")
+                sys.stderr.flush()
+                if self.process_id == 0 and self.num_processes > 2:
+                    time.sleep(2 * self.poll_sec)  # Let the others read the notice before the service goes.
+                os._exit(1)  # The main thread may be blocked in a collective, in C++.
+            time.sleep(self.poll_sec)
+
+
 def maybe_initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                      process_id: int | None = None,
                      initialization_timeout_sec: int = DEFAULT_INITIALIZATION_TIMEOUT_SEC,
-                     env: Mapping[str, str] | None = None) -> DistributedSettings | None:
+                     env: Mapping[str, str] | None = None,
+                     peer_timeout_sec: float | None = None) -> DistributedSettings | None:
     """Calls `jax.distributed.initialize()` if `detect` finds a multi-process job; call it before any JAX
     computation (the entry point's first step).
 
     If the other processes have not all connected after `initialization_timeout_sec`, the process writes one
     `error:` line naming the missing process(es) and exits with status 1 (JAX would abort it with SIGABRT
-    and a C++ stack trace a little later).
+    and a C++ stack trace a little later). Once joined, a `PeerWatchdog` ends the process the same way when
+    another process has given no sign of life for `peer_timeout_sec` (None: RESNET_SCALING_PEER_TIMEOUT_SEC,
+    else 60 s; 0: no watchdog, JAX's own 100 s heartbeat timeout and abort).
 
     Returns:
       The settings used, or None when the process runs alone (nothing was initialised).
 
     Raises:
+      ValueError: incomplete or inconsistent settings, or a negative peer timeout.
       RuntimeError: the coordinator cannot be reached or started, or JAX raised while joining.
     """
     settings = detect(coordinator_address, num_processes, process_id, env)
     if settings is None:
         return None
     env = os.environ if env is None else env
+    peer_timeout = resolve_peer_timeout_sec(peer_timeout_sec, env)
+    heartbeat = {"heartbeat_timeout_seconds": jax_heartbeat_timeout_sec(peer_timeout)} if peer_timeout else {}
     where = settings.coordinator_address or "the address JAX detects"
     logger.info("Multi-process job (%s): joining the coordinator at %s as process %s of %s.", settings.reason,
                 where, "?" if settings.process_id is None else settings.process_id,
@@ -326,7 +565,7 @@ def maybe_initialize(coordinator_address: str | None = None, num_processes: int 
         jax.distributed.initialize(
             coordinator_address=settings.coordinator_address, num_processes=settings.num_processes,
             process_id=settings.process_id, coordinator_bind_address=bind_address,
-            initialization_timeout=int(remaining_sec) + _JAX_TIMEOUT_MARGIN_SEC)
+            initialization_timeout=int(remaining_sec) + _JAX_TIMEOUT_MARGIN_SEC, **heartbeat)
     except Exception as e:  # noqa: BLE001 - XLA raises several types; all mean the job did not form.
         raise RuntimeError(
             f"Could not join the multi-process job ({settings.reason}) through the coordinator at {where} "
@@ -337,4 +576,9 @@ def maybe_initialize(coordinator_address: str | None = None, num_processes: int 
         watchdog.cancel()
     logger.info("Joined: process %d of %d, %d local of %d devices.", jax.process_index(),
                 jax.process_count(), jax.local_device_count(), jax.device_count())
+    if peer_timeout:
+        PeerWatchdog(jax.process_index(), jax.process_count(), peer_timeout,
+                     coordinator_address=settings.coordinator_address).start()
+        logger.info("A process silent for %g s counts as lost: the others then stop within %g s (%s).",
+                    peer_timeout, peer_exit_bound_sec(peer_timeout), ENV_PEER_TIMEOUT)
     return settings

@@ -35,6 +35,9 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in 
 _INIT_TIMEOUT = flags.DEFINE_integer(
     "initialization_timeout_sec", distributed.DEFAULT_INITIALIZATION_TIMEOUT_SEC,
     "Fail if the job's processes have not all connected by then.")
+_PEER_TIMEOUT = flags.DEFINE_float(
+    "peer_timeout_sec", None, "Multi-process jobs: stop, naming the lost process, when another process has "
+    "shown no sign of life for this long (default: $RESNET_SCALING_PEER_TIMEOUT_SEC or 60; 0 turns it off).")
 _THROUGHPUT_FLAGS = flags.DEFINE_bool("throughput_flags", True,
                                       "Add the XLA/libtpu flags of xla_flags.py for the detected backend.")
 _PRINT_CONFIG = flags.DEFINE_bool("print_config", False, "Print the config before training (it is always "
@@ -52,9 +55,9 @@ def main(argv: list[str]) -> None:
         logger.info("Throughput flags added: %s", added)
     try:
         distributed.maybe_initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                                     _INIT_TIMEOUT.value)
+                                     _INIT_TIMEOUT.value, peer_timeout_sec=_PEER_TIMEOUT.value)
     except ValueError as e:  # incomplete or inconsistent settings
-        raise app.UsageError(str(e)) from None
+        raise SystemExit(f"error: {e}") from None
     except RuntimeError as e:  # the job did not form: say why, without a traceback
         raise SystemExit(f"error: {e}") from None
     config = load_config()

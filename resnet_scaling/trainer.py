@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from resnet_scaling import checkpointing, console, profiling, state_checks, steps, training_setup
+from resnet_scaling import checkpointing, console, distributed, profiling, state_checks, steps, training_setup
 from resnet_scaling import data as data_lib
 from resnet_scaling import metrics as metrics_lib
 from resnet_scaling import plan as plan_lib
@@ -178,6 +178,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                 guard.check_losses(buffer.fetch())
                 if checkpointer is not None:
                     checkpointer.check_saves()  # A failed background save ends the run now, not later.
+                # For the peer watchdog's message if another process is lost (multi-process runs only).
+                distributed.report_progress(step, checkpointer.committed_step() if checkpointer else None)
                 record = {"step": step, "epoch": step / plan.steps_per_epoch, **buffer.mean(),
                           **clock.timer.read_and_reset()}
                 clock.steady.add_interval(interval_first_step, step, record.get("sec_per_step"))

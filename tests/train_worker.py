@@ -2,6 +2,7 @@
 
 python tests/train_worker.py --workdir=DIR --overrides='{"training__num_train_steps": 8}'
     [--num_cpu_devices=2 --num_processes=2 --process_id=0 --coordinator=127.0.0.1:PORT]
+    [--peer_timeout_sec=10]
 """
 
 import argparse
@@ -14,7 +15,7 @@ import jax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from resnet_scaling import checkpointing, trainer  # noqa: E402
+from resnet_scaling import checkpointing, distributed, trainer  # noqa: E402
 from tests.helpers import random_arrays, tiny_config  # noqa: E402
 
 
@@ -28,6 +29,9 @@ def main() -> None:
     parser.add_argument("--coordinator", default="")
     parser.add_argument("--best_every_eval", action="store_true",
                         help="Save best/ at every evaluation: makes best and regular saves coincide.")
+    parser.add_argument("--peer_timeout_sec", type=float, default=None,
+                        help="Join through resnet_scaling.distributed, as train.py does, with its peer "
+                             "watchdog and this timeout (default: plain jax.distributed.initialize).")
     args = parser.parse_args()
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s", force=True)
@@ -36,8 +40,13 @@ def main() -> None:
     jax.config.update("jax_disable_most_optimizations", True)  # Tiny programs: compile fast.
     if args.num_processes > 1:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id,
-                                   initialization_timeout=60)
+        if args.peer_timeout_sec is not None:
+            distributed.maybe_initialize(args.coordinator, args.num_processes, args.process_id,
+                                         initialization_timeout_sec=60,
+                                         peer_timeout_sec=args.peer_timeout_sec)
+        else:
+            jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id,
+                                       initialization_timeout=60)
     if args.best_every_eval:
         save_best = checkpointing.Checkpointer.save_best
 
