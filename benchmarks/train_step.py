@@ -5,7 +5,7 @@ GPU:  python benchmarks/train_step.py --dtype=bfloat16 --batch_size=256
 
 The step is compiled ahead of time (`jit(...).lower(state, batch).compile()`) and that executable runs
 every warm-up and timed step. Each repeat dispatches `--steps` steps back to back and synchronises once
-at its end. Prints a table and writes JSON (timings, memory, FLOPs, environment) to `--json_out`.
+at its end. Prints a table and writes JSON (timings, memory, FLOPs and MFU, environment) to `--json_out`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import jaxlib
 from resnet_scaling import config as config_lib
 from resnet_scaling import models, optim
 from resnet_scaling.data import SyntheticSource
-from resnet_scaling.metrics import flops_per_device, memory_per_device
+from resnet_scaling.metrics import flops_per_device, memory_per_device, utilisation
 from resnet_scaling.training_setup import setup
 
 WATCHED = {"/jax/core/compile/jaxpr_trace_duration": "traces",
@@ -97,18 +97,33 @@ def memory_stats(compiled: Any, device: jax.Device) -> dict[str, int | None]:
             "peak_bytes_in_use": stats.get("peak_bytes_in_use"), "bytes_limit": stats.get("bytes_limit")}
 
 
-def time_steps(step_fn: Any, state: Any, next_batch: Callable[[], Any], num_steps: int) -> tuple[Any, float]:
-    """Dispatches `num_steps` steps back to back, syncs once; returns the new state and the seconds."""
+def time_steps(step_fn: Any, state: Any, next_batch: Callable[[], Any], num_steps: int,
+               last_metrics: dict[str, Any] | None = None) -> tuple[Any, float]:
+    """Dispatches `num_steps` steps back to back, syncs once; returns the new state and the seconds.
+
+    `last_metrics`, if given, receives the last step's metrics (device arrays, read after the clock stops).
+    """
+    metrics = None  # num_steps may be 0 (--warmup_steps=0).
     start = time.perf_counter()
     for _ in range(num_steps):
         state, metrics = step_fn(state, next_batch())  # The state is donated: always rebind it.
     jax.block_until_ready((state, metrics))
-    return state, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    if last_metrics is not None and metrics is not None:
+        last_metrics.update(metrics)
+    return state, seconds
 
 
-def run(args: argparse.Namespace, events: EventCounter) -> dict[str, Any]:
-    """Builds the trainer's state and step, compiles, warms up and times; returns the results."""
-    config = make_config(args)
+def run(args: argparse.Namespace, events: EventCounter, *, config: Any = None) -> dict[str, Any]:
+    """Builds the trainer's state and step, compiles, warms up and times; returns the results.
+
+    Args:
+      args: the options (`parse_args`); the timing ones always apply.
+      events: counts traces and compiles per phase (every step after compiling must run the executable).
+      config: a config to run instead of `make_config(args)` (e.g. a system config from `configs/` with
+        `data.source="synthetic"`); its model, dtype and batch should match `args`, which label the result.
+    """
+    config = make_config(args) if config is None else config
     run_setup = setup(config)  # The trainer's own path: mesh, plan, SyntheticSource, state, jitted steps.
     assert isinstance(run_setup.source, SyntheticSource), type(run_setup.source)
     mesh, plan, state = run_setup.mesh, run_setup.plan, run_setup.state
@@ -130,8 +145,9 @@ def run(args: argparse.Namespace, events: EventCounter) -> dict[str, Any]:
     events.phase = "run"  # From here on every step must be the AOT executable: no tracing, no compiling.
     state, _ = time_steps(compiled, state, lambda: next(batches), args.warmup_steps)
     repeat_sec = []
+    last_metrics: dict[str, Any] = {}
     for _ in range(args.repeats):  # Interleaved, so that both see the same machine load.
-        state, seconds = time_steps(compiled, state, lambda: next(batches), args.steps)
+        state, seconds = time_steps(compiled, state, lambda: next(batches), args.steps, last_metrics)
         repeat_sec.append(seconds)
         if baseline is not None:
             b_state, seconds = time_steps(b_step, b_state, lambda: b_batch, args.steps)
@@ -151,6 +167,8 @@ def run(args: argparse.Namespace, events: EventCounter) -> dict[str, Any]:
     sec_per_step = statistics.median(repeat_sec) / args.steps
     flops_dev = flops_per_device(compiled)
     flops = flops_dev * mesh.size if flops_dev else None
+    # Against the device's dense 16-bit peak (hardware.py); MFU is None on CPUs and unknown kinds.
+    util = utilisation(flops_dev, sec_per_step, mesh.size, device.device_kind)
     return {
         "benchmark": "train_step",
         "config": {**{k: v for k, v in vars(args).items() if k != "json_out"},
@@ -165,6 +183,9 @@ def run(args: argparse.Namespace, events: EventCounter) -> dict[str, Any]:
         "flops_per_step_per_device": flops_dev, "flops_per_step": flops,
         "gflops_per_sec": flops / sec_per_step / 1e9 if flops else None,
         "gflops_per_sec_per_device": flops_dev / sec_per_step / 1e9 if flops_dev else None,
+        "utilisation": util,
+        # The last timed step's metrics (loss, top1, learning_rate; loss_scale with float16).
+        "last_step_metrics": {k: float(v) for k, v in last_metrics.items()},
         "memory": memory_stats(compiled, device),
         "jax_events": {f"{phase}_{kind}": events.counts[phase, kind] for phase in ("setup", "compile", "run")
                        for kind in ("traces", "compiles")},
@@ -204,6 +225,7 @@ def print_table(r: dict[str, Any]) -> None:
                                                    f"{r['sec_per_step_median'] * 1e3:.1f} ms"),
         ("GFLOP/step; achieved GFLOP/s (all devices)",
          f"{fmt(r['flops_per_step'], '.2f', 1e9)}; {fmt(r['gflops_per_sec'], '.1f')}"),
+        ("MFU (against the peak in hardware.py)", fmt(r["utilisation"]["mfu"], ".1%")),
         ("memory per device: arg / out / temp / peak in use", mib),
     ]
     if r["baseline"]:
