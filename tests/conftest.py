@@ -18,3 +18,17 @@ def _eight_devices():
 
 # Compile fast rather than run fast: test programs are tiny (as the flax examples' tests do).
 jax.config.update("jax_disable_most_optimizations", True)
+
+
+@pytest.fixture
+def xla_optimizations(request):
+    """"off" (the session's fast compiles) or "default" (XLA's default optimisations, as real runs compile;
+    see `tests.helpers.xla_default_optimizations`): parametrize a test with it, `indirect=True`, to check
+    that a claim holds on both paths."""
+    from tests.helpers import xla_default_optimizations  # Imports the library: only when asked for.
+
+    if getattr(request, "param", "off") == "off":
+        yield "off"
+        return
+    with xla_default_optimizations():
+        yield "default"

@@ -1,4 +1,9 @@
-"""Small shared pieces for the tests: a tiny config and a tiny dataset."""
+"""Small shared pieces for the tests: a tiny config, a tiny dataset, held ports, a compilation cache."""
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -41,3 +46,85 @@ def random_arrays(num_train=64, num_eval=20, image_size=32, num_classes=10, seed
         return images, rng.integers(0, num_classes, n).astype(np.int32)
 
     return (*draw(num_train), *draw(num_eval))
+
+
+@contextlib.contextmanager
+def held_port(*, share_with_coordinator: bool) -> Iterator[int]:
+    """A free port on 127.0.0.1, bound (not listening) by this process until the block ends.
+
+    Choosing a port by binding and closing a socket leaves it free for anyone (another test worker, an
+    outgoing connection) until it is used; holding it closes that window.
+
+    Args:
+      share_with_coordinator: True: the socket sets SO_REUSEPORT, so a JAX coordinator (its gRPC server
+        sets it too) can bind and listen beside it, as launch/local.py does for its jobs; programs that do
+        not set it still get EADDRINUSE. False: nobody can bind it, and connections to it are refused: an
+        address where no coordinator can ever answer.
+
+    Yields:
+      The port number.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        if share_with_coordinator:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def persistent_compilation_cache(directory: os.PathLike) -> Iterator[None]:
+    """JAX's persistent compilation cache in `directory` for the block, for every program however fast
+    it compiles; as `resnet_scaling.train` uses it (config.training.compilation_cache_dir)."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    settings = {"jax_compilation_cache_dir": str(directory), "jax_persistent_cache_min_compile_time_secs": 0,
+                "jax_persistent_cache_min_entry_size_bytes": 0}
+    saved = {name: jax.config.values[name] for name in settings}
+    for name, value in settings.items():
+        jax.config.update(name, value)
+    compilation_cache.reset_cache()  # The cache is set up once per process, at the first compile.
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            jax.config.update(name, value)
+        compilation_cache.reset_cache()
+
+
+@contextlib.contextmanager
+def xla_default_optimizations() -> Iterator[None]:
+    """Programs compiled in the block get XLA's default optimisations, as in real runs, not the tests'
+    fast compiles; all but the train state's initialiser.
+
+    The initialiser stays on the fast path: with full optimisations it alone takes ~5 s to compile (a
+    random draw per parameter), and the runs a test compares all start from its same values, so how it
+    was compiled is no part of what they compare. Everything after it (train and eval steps, checks,
+    checkpoint handling) is optimised.
+
+    `jax_disable_most_optimizations` is read when a program is compiled and is no part of JAX's cache
+    keys, so the caches are cleared on the way in and out: no program compiled on one path runs on the other.
+    """
+    import jax
+
+    from resnet_scaling import steps
+
+    fast_outside = jax.config.values["jax_disable_most_optimizations"]
+    create_train_state = steps.create_train_state
+
+    def create_train_state_compiled_fast(*args, **kwargs):
+        jax.config.update("jax_disable_most_optimizations", True)
+        try:
+            return create_train_state(*args, **kwargs)
+        finally:
+            jax.config.update("jax_disable_most_optimizations", False)
+
+    jax.clear_caches()
+    jax.config.update("jax_disable_most_optimizations", False)
+    steps.create_train_state = create_train_state_compiled_fast
+    try:
+        yield
+    finally:
+        steps.create_train_state = create_train_state
+        jax.config.update("jax_disable_most_optimizations", fast_outside)
+        jax.clear_caches()

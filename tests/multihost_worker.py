@@ -15,6 +15,7 @@ reordered share by share, which is what the flag does.
 """
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -25,7 +26,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from resnet_scaling import distributed, trainer  # noqa: E402
-from tests.helpers import random_arrays, tiny_config  # noqa: E402
+from tests.helpers import random_arrays, tiny_config, xla_default_optimizations  # noqa: E402
 
 NUM_TRAIN, GLOBAL_BATCH = 64, 16
 
@@ -45,6 +46,9 @@ def main() -> None:
     parser.add_argument("--num_cpu_devices", type=int, default=0, help="Devices of a 1-process run.")
     parser.add_argument("--same_batches_as_processes", type=int, default=1)
     parser.add_argument("--num_train_steps", type=int, default=3)
+    parser.add_argument("--xla_optimizations", choices=["off", "default"], default="off",
+                        help="off: compile fast (tiny programs); default: XLA's default optimisations, as "
+                             "real runs compile (tests.helpers.xla_default_optimizations).")
     args = parser.parse_args()
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s", force=True)
@@ -63,8 +67,9 @@ def main() -> None:
         train_x, train_y = reorder_like_processes(train_x, train_y, args.same_batches_as_processes,
                                                   GLOBAL_BATCH)
     index = jax.process_index()
-    result = trainer.train_and_evaluate(config, os.path.join(args.out, f"workdir_{index}"),
-                                        arrays=(train_x, train_y, eval_x, eval_y))
+    with xla_default_optimizations() if args.xla_optimizations == "default" else contextlib.nullcontext():
+        result = trainer.train_and_evaluate(config, os.path.join(args.out, f"workdir_{index}"),
+                                            arrays=(train_x, train_y, eval_x, eval_y))
     variables = {"params": result.state.params, "batch_stats": result.state.batch_stats}
     flat = {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(leaf)
             for path, leaf in jax.tree_util.tree_leaves_with_path(variables)}

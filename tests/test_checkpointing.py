@@ -1,12 +1,13 @@
 """Checkpoints: exact resume, SIGTERM and SIGKILL, resharding, corrupt and incompatible checkpoints,
 the NaN guard, several processes, and the exported parameters."""
 
+import contextlib
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 from resnet_scaling import checkpointing, mesh, models, trainer
-from tests.helpers import random_arrays, tiny_config
+from tests.helpers import held_port, persistent_compilation_cache, random_arrays, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "train_worker.py"
@@ -43,17 +44,23 @@ def _assert_bitwise_equal(a, b):
         np.testing.assert_array_equal(x, y)
 
 
-def test_a_run_stopped_by_preemption_resumes_to_the_same_parameters_bit_for_bit(tmp_path, monkeypatch):
-    reference = _params(_train(tmp_path / "reference", checkpoint__async_save=True))
+@pytest.mark.parametrize("xla_optimizations", ["off", "default"], indirect=True)
+def test_a_run_stopped_by_preemption_resumes_to_the_same_parameters_bit_for_bit(tmp_path, monkeypatch,
+                                                                                 xla_optimizations):
+    # On XLA's default path (as real runs compile) each program takes seconds to compile: the three runs
+    # share a persistent compilation cache, as a restarted `resnet_scaling.train` does by default.
+    with (persistent_compilation_cache(tmp_path / "compilation_cache") if xla_optimizations == "default"
+          else contextlib.nullcontext()):
+        reference = _params(_train(tmp_path / "reference", checkpoint__async_save=True))
 
-    monkeypatch.setattr(checkpointing.PreemptionWatcher, "reached", lambda self, step: step == 3)
-    first = _train(tmp_path / "run", checkpoint__async_save=True)
-    assert first.preempted and int(first.state.step) == 3
-    assert sorted(os.listdir(tmp_path / "run" / "checkpoints"))[:2] == ["2", "3"]
-    first_meta = json.loads((tmp_path / "run" / "checkpoints" / "3" / "meta" / "metadata").read_text())
-    monkeypatch.undo()
+        monkeypatch.setattr(checkpointing.PreemptionWatcher, "reached", lambda self, step: step == 3)
+        first = _train(tmp_path / "run", checkpoint__async_save=True)
+        assert first.preempted and int(first.state.step) == 3
+        assert sorted(os.listdir(tmp_path / "run" / "checkpoints"))[:2] == ["2", "3"]
+        first_meta = json.loads((tmp_path / "run" / "checkpoints" / "3" / "meta" / "metadata").read_text())
+        monkeypatch.undo()
 
-    resumed = _train(tmp_path / "run", checkpoint__async_save=True)
+        resumed = _train(tmp_path / "run", checkpoint__async_save=True)
     assert resumed.start_step == 3 and not resumed.preempted and int(resumed.state.step) == 8
     _assert_bitwise_equal(_params(resumed), reference)
     # The clocks survive the restart: the resumed run's checkpoint counts both runs' training time.
@@ -61,12 +68,27 @@ def test_a_run_stopped_by_preemption_resumes_to_the_same_parameters_bit_for_bit(
     assert meta["clock"]["train_sec"] > first_meta["clock"]["train_sec"] > 0
 
 
-def test_only_the_last_k_checkpoints_are_kept_and_the_best_parameters_are_saved(tmp_path):
+def test_only_the_last_k_checkpoints_are_kept_and_the_best_parameters_are_saved(tmp_path, monkeypatch):
+    evaluated = {}  # step -> the variables each evaluation saw, recorded apart from the checkpointer.
+    real_evaluate = trainer.evaluate
+
+    def recording_evaluate(eval_step_fn, state, source):
+        evaluated[int(state.step)] = jax.device_get({"params": state.params,
+                                                     "batch_stats": state.batch_stats})
+        return real_evaluate(eval_step_fn, state, source)
+
+    monkeypatch.setattr(trainer, "evaluate", recording_evaluate)
     result = _train(tmp_path, checkpoint__keep=2, eval__every_epochs=0.5)
     assert sorted(int(s) for s in os.listdir(tmp_path / "checkpoints") if s.isdigit()) == [6, 8]
     best_steps = [int(s) for s in os.listdir(tmp_path / "best") if s.isdigit()]
     best_eval = max(result.eval_history, key=lambda r: r["eval_top1"])
-    assert best_steps == [best_eval["step"]]
+    assert best_steps == [best_eval["step"]] and sorted(evaluated) == [3, 6, 8]
+    # best/ holds the variables of the best evaluation's step, not those of another step.
+    best_variables, _ = checkpointing.load_exported(str(tmp_path / "best"))
+    _assert_bitwise_equal(best_variables, evaluated[best_eval["step"]])
+    for step in set(evaluated) - {best_eval["step"]}:  # ...which differ from step to step.
+        leaves = zip(jax.tree.leaves(best_variables), jax.tree.leaves(evaluated[step]), strict=True)
+        assert any(not np.array_equal(x, y) for x, y in leaves), step
 
 
 def test_exported_parameters_load_with_one_call_and_rebuild_the_model(tmp_path):
@@ -167,23 +189,43 @@ def _run_worker(workdir, overrides, **flags):
     return proc
 
 
-def _run_and_signal(workdir, overrides, at_step, sig):
-    """Starts a worker, sends `sig` once it logs step `at_step`; returns (returncode, log)."""
+def _committed_steps(checkpoints: pathlib.Path) -> list[int]:
+    """Steps whose checkpoint is complete on disk.
+
+    orbax (0.12) writes a save into `<step>.orbax-checkpoint-tmp*`, writes `commit_success.txt` into it when
+    every item is written, then renames it to `<step>`: a digit-named directory is a committed one.
+    """
+    if not checkpoints.is_dir():
+        return []
+    return sorted(int(p.name) for p in checkpoints.iterdir()
+                  if p.name.isdigit() and (p / "commit_success.txt").is_file())
+
+
+def _run_and_signal(workdir, overrides, at_step, sig, after_a_committed_checkpoint=False):
+    """Starts a worker and sends `sig` at the first step it logs from `at_step` on (and, if asked, at which
+    a checkpoint is committed: saves are asynchronous, so a logged save step proves nothing).
+
+    Returns:
+      (returncode, log, the committed steps seen before the signal was sent).
+    """
     proc = subprocess.Popen(_worker_command(workdir, overrides), env=_worker_env(), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    log = []
+    log, committed = [], []
     try:
         for line in proc.stdout:
             log.append(line)
-            if line.startswith(f"step {at_step}/"):
-                proc.send_signal(sig)
-                break
+            logged = re.match(r"step (\d+)/", line)
+            if logged and int(logged.group(1)) >= at_step:
+                committed = _committed_steps(workdir / "checkpoints")
+                if committed or not after_a_committed_checkpoint:
+                    proc.send_signal(sig)
+                    break
         log.extend(proc.stdout)
         proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    return proc.returncode, "".join(log)
+    return proc.returncode, "".join(log), committed
 
 
 KILL_OVERRIDES = {"schedule__name": "constant", "schedule__warmup_steps": 0, "checkpoint__enabled": True,
@@ -196,51 +238,60 @@ def test_sigterm_and_sigkill_at_random_steps_then_resume_give_the_uninterrupted_
     reference, _ = checkpointing.load_exported(str(tmp_path / "reference"))
     rng = np.random.default_rng(2026)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        workdir = tmp_path / sig.name
-        at_step = int(rng.integers(9, 40))
-        returncode, log = _run_and_signal(workdir, KILL_OVERRIDES, at_step, sig)
+        # The signal is sent when the test reads a step's log line; a test process starved of CPU reads it
+        # late, and the run may have reached its last step by then. Such a try cut nothing: try again.
+        for attempt in range(3):
+            workdir = tmp_path / f"{sig.name}-{attempt}"
+            at_step = int(rng.integers(9, 40))
+            returncode, log, committed = _run_and_signal(workdir, KILL_OVERRIDES, at_step, sig,
+                                                         after_a_committed_checkpoint=sig == signal.SIGKILL)
+            if "step 60/60" not in log:
+                break
+        else:
+            pytest.fail(f"{sig.name} reached no run before its last step in 3 tries:\n{log[-2000:]}")
         if sig == signal.SIGTERM:
             assert returncode == 0 and "Preempted (SIGTERM) at step" in log, log[-2000:]
             stopped_at = int(log.split("Preempted (SIGTERM) at step ")[1].split(":")[0])
             assert stopped_at >= at_step and str(stopped_at) in os.listdir(workdir / "checkpoints")
         else:
             assert returncode == -signal.SIGKILL, log[-2000:]
+            assert committed and "DONE" not in log, log[-2000:]
         resumed = _run_worker(workdir, KILL_OVERRIDES)
         start_step = int(resumed.stdout.split("start_step=")[1].split()[0])
         assert 0 < start_step < 60 and "step=60 " in resumed.stdout
         if sig == signal.SIGTERM:
             assert start_step == stopped_at
+        else:  # The newest committed checkpoint: a multiple of 7, no older than those seen before the kill.
+            assert start_step % 7 == 0 and start_step >= committed[-1], (start_step, committed)
         variables, _ = checkpointing.load_exported(str(workdir))
         _assert_bitwise_equal(variables["params"], reference["params"])
         _assert_bitwise_equal(variables["batch_stats"], reference["batch_stats"])
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_two_processes(workdir, overrides, **flags):
-    coordinator = f"127.0.0.1:{_free_port()}"
     # Each process writes to a file, not a pipe: the two are coupled by collectives, so one blocked on a
     # full pipe that nobody reads yet would stall the other too.
     logs = [workdir.parent / f"{workdir.name}-process{i}.log" for i in range(2)]
     workdir.parent.mkdir(parents=True, exist_ok=True)
     procs = []
-    for i, log in enumerate(logs):
-        with open(log, "w") as out:
-            procs.append(subprocess.Popen(
-                _worker_command(workdir, overrides, num_cpu_devices=2, num_processes=2, process_id=i,
-                                coordinator=coordinator, **flags),
-                env=_worker_env(), cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True))
-    try:
-        for proc in procs:
-            proc.wait(timeout=240)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
+    # The coordinator's port stays held until both processes end, so that nothing else takes it first;
+    # process 0's coordinator binds beside the held socket on the loopback interface (as launch/local.py).
+    with held_port(share_with_coordinator=True) as port:
+        coordinator = f"127.0.0.1:{port}"
+        env = {**_worker_env(), "JAX_COORDINATOR_BIND_ADDRESS": coordinator}
+        for i, log in enumerate(logs):
+            with open(log, "w") as out:
+                procs.append(subprocess.Popen(
+                    _worker_command(workdir, overrides, num_cpu_devices=2, num_processes=2, process_id=i,
+                                    coordinator=coordinator, **flags),
+                    env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True))
+        try:
+            for proc in procs:
+                proc.wait(timeout=240)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
     outputs = [log.read_text() for log in logs]
     for proc, output in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, output[-3000:]

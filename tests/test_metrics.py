@@ -219,7 +219,9 @@ def _tiny_timed_config():
 def test_summary_json_schema_and_clocks_from_a_tiny_run(tmp_path, monkeypatch):
     _scripted_evaluate(monkeypatch, [0.5, 0.77, 0.8])
     config = _tiny_timed_config()
+    start = time.perf_counter()
     result = trainer.train_and_evaluate(config, str(tmp_path), arrays=random_arrays())
+    test_wall_sec = time.perf_counter() - start  # Measured here, apart from the trainer's clocks.
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary == json.loads(json.dumps(result.summary))
 
@@ -235,7 +237,15 @@ def test_summary_json_schema_and_clocks_from_a_tiny_run(tmp_path, monkeypatch):
     assert run["devices"] == 8 and run["process_count"] == 1 and run["final_step"] == 6
     assert run["timing_warmup_steps"] == 1 and not run["preempted"]
     # Steady state: steps 2-6 after the 1-step warm-up; intervals 3-4 and 5-6 (1-2 holds the warm-up).
-    assert thr["steady_state_steps"] == 5 and thr["images_per_sec"] > 0
+    assert thr["steady_state_steps"] == 5
+    assert thr["images_per_sec"] == pytest.approx(5 * 16 / thr["steady_state_sec"])
+    # The timed seconds hold the log intervals wholly after the warm-up (and part of steps 1-2), within
+    # the run's time as this test measured it.
+    interval_sec = {r["step"]: 2 * r["sec_per_step"] for r in result.train_history}
+    assert sorted(interval_sec) == [2, 4, 6]
+    assert (interval_sec[4] + interval_sec[6]) * (1 - 1e-9) <= thr["steady_state_sec"] <= test_wall_sec
+    for record in result.train_history:
+        assert record["images_per_sec"] == pytest.approx(16 / record["sec_per_step"])
     assert thr["images_per_sec_per_device"] == pytest.approx(thr["images_per_sec"] / 8)
     assert thr["step_time_sec_p50"] <= thr["step_time_sec_p90"] <= thr["step_time_sec_p99"]
     assert 0.0 <= thr["input_wait_fraction"] < 1.0
@@ -243,7 +253,7 @@ def test_summary_json_schema_and_clocks_from_a_tiny_run(tmp_path, monkeypatch):
     assert clk["eval_sec"] >= 3 * EVAL_SLEEP_SEC
     assert clk["train_sec"] <= clk["wall_sec"] - clk["eval_sec"] + 0.05
     assert thr["steady_state_sec"] < clk["train_sec"]
-    assert clk["compile_sec"] > 0
+    assert 0 < clk["compile_sec"] and clk["compile_sec"] + clk["wall_sec"] <= test_wall_sec
     # Time-to-accuracy: reached at the second evaluation (step 4, epoch 1).
     assert acc["reached"] and acc["steps_to_accuracy"] == 4 and acc["epochs_to_accuracy"] == 1.0
     assert acc["best_eval_top1"] == 0.8 and acc["final_eval_top1"] == 0.8 and acc["num_evals"] == 3
@@ -251,7 +261,8 @@ def test_summary_json_schema_and_clocks_from_a_tiny_run(tmp_path, monkeypatch):
     assert acc["time_to_accuracy_sec"] < clk["train_sec"]
     assert acc["mlperf_time_to_accuracy_sec"] >= acc["time_to_accuracy_sec"] + 2 * EVAL_SLEEP_SEC
     assert util["flops_per_step"] == pytest.approx(8 * util["flops_per_step_per_device"])
-    assert util["flops_per_step"] > 0 and util["tflops_per_sec_per_device"] > 0
+    assert util["tflops_per_sec_per_device"] == pytest.approx(
+        util["flops_per_step_per_device"] / (thr["steady_state_sec"] / 5) / 1e12)
     assert util["peak_tflops_per_device"] is None and util["mfu"] is None  # CPU: no published peak.
 
 
@@ -277,7 +288,11 @@ def test_summary_totals_and_time_to_accuracy_survive_a_preemption_and_resume(tmp
     for key in ("train_sec", "eval_sec", "wall_sec"):  # Totals over both runs.
         assert final["time"][key] > first["time"][key]
     assert final["time"]["eval_sec"] >= 3 * EVAL_SLEEP_SEC
-    assert final["throughput"]["steady_state_steps"] == 5 and final["throughput"]["images_per_sec"] > 0
+    # The steady state spans both launches: steps 2-6 over their timed seconds together.
+    thr = final["throughput"]
+    assert thr["steady_state_steps"] == 5
+    assert thr["images_per_sec"] == pytest.approx(5 * 16 / thr["steady_state_sec"])
+    assert first["throughput"]["steady_state_sec"] < thr["steady_state_sec"] < final["time"]["train_sec"]
 
 
 def test_check_summary_names_what_is_wrong():

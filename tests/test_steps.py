@@ -33,11 +33,17 @@ def _run(config, num_devices, num_steps=3):
     return losses, jax.device_get(state)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "lars"])
-def test_one_device_and_eight_devices_agree_for_the_same_global_batch(optimizer):
+# XLA's default optimisations (as real runs compile) as well as the tests' fast compiles; one optimizer
+# there: compiling with them takes seconds per program.
+@pytest.mark.parametrize("optimizer, xla_optimizations",
+                         [("sgd", "off"), ("lars", "off"), ("sgd", "default")],
+                         indirect=["xla_optimizations"])
+def test_one_device_and_eight_devices_agree_for_the_same_global_batch(optimizer, xla_optimizations):
     config = tiny_config(optimizer__name=optimizer, optimizer__base_learning_rate=0.5)
     losses_1, state_1 = _run(config, 1)
     losses_8, state_8 = _run(config, 8)
+    # Measured largest differences after 3 steps, fast compiles / default optimisations: losses 0 / 2.4e-7,
+    # parameters 3e-8 / 6e-8, BN statistics 2.4e-7 / 2.4e-7.
     np.testing.assert_allclose(losses_8, losses_1, rtol=1e-4)
     assert losses_1[-1] != losses_1[0]  # The parameters really moved.
     for a, b in zip(jax.tree.leaves(state_1.params), jax.tree.leaves(state_8.params), strict=True):
@@ -96,10 +102,10 @@ def test_bfloat16_step_keeps_float32_parameters():
 def test_float16_uses_dynamic_loss_scaling_and_skips_overflowing_steps():
     config = tiny_config(model__compute_dtype="float16")
     _, source, state, train, _ = _setup(config, 8)
-    assert state.dynamic_scale is not None
+    assert float(state.dynamic_scale.scale) == 2.0**16  # flax's DynamicScale starts there.
     batches = source.train_batches()
     state, metrics = train(state, next(batches))
-    assert "loss_scale" in metrics and np.isfinite(float(metrics["loss"]))
+    assert float(metrics["loss_scale"]) == 2.0**16 and np.isfinite(float(metrics["loss"]))
     # A loss scale beyond float16's range overflows the gradients: the step must change nothing
     # but lower the scale.
     state = state.replace(dynamic_scale=state.dynamic_scale.replace(scale=np.float32(2.0**40)))
@@ -107,4 +113,4 @@ def test_float16_uses_dynamic_loss_scaling_and_skips_overflowing_steps():
     state, metrics = train(state, next(batches))
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(jax.device_get(state.params)), strict=True):
         np.testing.assert_array_equal(a, b)
-    assert float(metrics["loss_scale"]) < 2.0**40
+    assert float(metrics["loss_scale"]) == 2.0**39  # Halved: flax's back-off factor.

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import re
+import time
 
 import jax
 import numpy as np
 import pytest
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import metrics, trainer, training_setup
+from resnet_scaling import metrics, models, trainer, training_setup
 from resnet_scaling.data import ArraySource
 from tests.helpers import random_arrays, tiny_config
 
@@ -47,14 +48,27 @@ def test_abstract_setup_lowers_the_same_program_as_the_real_one():
 
 def test_compiled_step_runs_on_real_batches_and_reports_flops_and_memory():
     run = training_setup.setup(_config(), arrays=random_arrays())
+    state_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(run.state))
+    variables = jax.device_get({"params": run.state.params, "batch_stats": run.state.batch_stats})
+    start = time.perf_counter()
     compiled, seconds = run.compile_train_step()  # Lowered with the shaped batch.
-    assert seconds > 0
-    state, step_metrics = compiled(run.state, next(run.source.train_batches()))
+    assert 0 < seconds <= time.perf_counter() - start
+    batch = next(run.source.train_batches())
+    state, step_metrics = compiled(run.state, batch)
     assert int(state.step) == 1 and np.isfinite(float(step_metrics["loss"]))
     memory = metrics.memory_per_device(compiled)
     assert memory["total"] == (memory["argument"] + memory["output"] - memory["alias"] + memory["temp"]
-                               + memory["generated_code"]) > 0
-    assert metrics.flops_per_device(compiled) > 0
+                               + memory["generated_code"])
+    # Each device holds the whole (replicated) state and its eighth of the batch; the state is donated,
+    # so the new one is written over it.
+    assert memory["argument"] == state_bytes + sum(x.nbytes for x in batch.values()) // 8
+    assert memory["alias"] == state_bytes
+    # A training step costs about three forward passes (the forward, then two products per layer
+    # backward; measured 2.9): XLA's count for one forward pass over a device's 2 images, compiled alone.
+    model = models.model_from_config(tiny_config())
+    forward = jax.jit(lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"]))
+    forward_flops = metrics.flops_per_device(forward.lower(variables, np.zeros((2, 32, 32, 3))).compile())
+    assert 2.5 * forward_flops < metrics.flops_per_device(compiled) < 3.5 * forward_flops
 
 
 def test_a_training_command_validates_its_config_once(monkeypatch, tmp_path):
