@@ -53,4 +53,5 @@ def test_the_wheel_carries_the_configs_and_runs_the_demo_by_name_outside_the_che
                            f"--workdir={tmp_path / 'pod'}", "--config.mesh.num_devices=-1",
                            "--config.training.global_batch_size=12"], cwd=elsewhere, env=env,
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 and "config.training.global_batch_size" in proc.stderr, proc.stderr[-2000:]
+    # The pod's BN groups of 128 images cannot split a batch of 12: refused in one line, before any data.
+    assert proc.returncode != 0 and "error: config.model.bn_group_size" in proc.stderr, proc.stderr[-2000:]
