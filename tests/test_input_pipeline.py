@@ -2,9 +2,11 @@
 per-process shares, epochs, restarts, determinism, exact evaluation, bad files and missing datasets."""
 
 import dataclasses
+import importlib.util
 import itertools
 import logging
 import os
+import pathlib
 
 import jax
 import numpy as np
@@ -355,3 +357,20 @@ def test_any_tfds_image_dataset_by_name_png_and_greyscale_included(tmp_path):
     assert images.shape == (8, 32, 32, 3) and images.dtype == np.uint8
     np.testing.assert_array_equal(images[..., 0], images[..., 2])  # Grey, as RGB.
     assert sum(int(np.asarray(b["mask"]).sum()) for b in source.eval_batches()) == 20
+
+
+def test_the_input_benchmark_times_every_variant_the_flax_example_included(tmp_path):
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "input_pipeline.py"
+    spec = importlib.util.spec_from_file_location("input_pipeline_benchmark", path)
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    jpeg = tf.constant(benchmark.make_jpegs(1, width=160, height=120)[0])
+    flax_image = benchmark.flax_example_preprocess_for_train(jpeg)
+    assert flax_image.dtype == tf.float32 and flax_image.shape == (224, 224, 3)
+    # A tiny run of the real command, every variant and a `previous` copy of the library's preprocessing.
+    previous = pathlib.Path(benchmark.preprocessing.__file__)
+    result = benchmark.main(["--num_jpegs=2", "--width=160", "--height=120", "--images=4", "--batch_size=2",
+                             "--repeats=2", f"--previous_file={previous}", f"--output={tmp_path}/ip.json"])
+    assert set(result["images_per_sec"]) == set(benchmark.VARIANTS) | {"previous"}
+    assert all(len(r) == 2 and min(r) > 0 for r in result["runs"].values())
+    assert result["speedup_over_flax_example"]["flax_example"] == 1.0

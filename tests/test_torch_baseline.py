@@ -1,0 +1,57 @@
+"""benchmarks/torch_baseline.py: the PyTorch row's control flow (skip where torch is missing, a tiny timed run
+where it is installed) and its ResNet-50; the JAX rows are the train-step benchmark's, tested there."""
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def torch_baseline():
+    spec = importlib.util.spec_from_file_location("torch_baseline", REPO / "benchmarks" / "torch_baseline.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_without_torch_the_row_says_so_and_the_run_succeeds(torch_baseline, monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(torch_baseline, "torch_available", lambda: False)
+    out = tmp_path / "tb.json"
+    torch_baseline.main(["--frameworks=torch", f"--json_out={out}"])
+    printed = capsys.readouterr().out
+    assert printed.count("torch: skipped: PyTorch is not installed") == 1
+    assert "| PyTorch ResNet-50 v1.5 (channels-last, eager) | skipped:" in printed
+    assert "not installed" in json.loads(out.read_text())["frameworks"]["torch"]["skipped"]
+
+
+def test_arguments_are_checked(torch_baseline):
+    with pytest.raises(SystemExit):
+        torch_baseline.parse_args(["--frameworks=ours,tensorflow"])
+    with pytest.raises(SystemExit):
+        torch_baseline.parse_args(["--steps=0"])
+    assert torch_baseline.parse_args([]).frameworks == ["ours", "flax_example", "torch"]
+
+
+def test_torch_resnet50_is_v1_5_with_the_library_parameter_count(torch_baseline):
+    torch = pytest.importorskip("torch")
+    model, _ = torch_baseline.torch_resnet50()
+    assert sum(p.numel() for p in model.parameters()) == 25_557_032  # As models.resnet50 and torchvision.
+    strided = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d) and m.stride == (2, 2)]
+    # v1.5: the stem, then per downsampling block the 3x3 convolution and the projection.
+    assert [m.kernel_size for m in strided] == [(7, 7)] + [(3, 3), (1, 1)] * 3
+
+
+def test_a_tiny_torch_run_times_every_repeat_in_a_worker_process(torch_baseline, tmp_path, capsys):
+    pytest.importorskip("torch")
+    out = tmp_path / "tb.json"
+    torch_baseline.main(["--frameworks=torch", "--image_size=32", "--batch_size=2", "--steps=1",
+                         "--warmup_steps=0", "--repeats=2", f"--json_out={out}"])
+    row = json.loads(out.read_text())["frameworks"]["torch"]
+    assert len(row["images_per_sec_repeats"]) == 2 and row["images_per_sec_median"] > 0
+    assert row["peak_rss_bytes"] > 100 * 2**20  # The worker's own peak: torch and a ResNet-50.
+    assert row["num_params"] == 25_557_032
+    assert "| PyTorch ResNet-50 v1.5" in capsys.readouterr().out
