@@ -332,24 +332,10 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     overrides = {"schedule__name": "constant", "schedule__warmup_steps": 0, "checkpoint__enabled": True,
                  "training__num_train_steps": 200, "training__log_every_steps": 1,
                  "checkpoint__every_steps": 50}
-    worker = [sys.executable, str(REPO / "tests" / "train_worker.py"), f"--workdir={tmp_path}",
-              f"--overrides={json.dumps(overrides)}"]
-    proc = subprocess.Popen(worker, cwd=REPO, env={**os.environ, "XLA_FLAGS": "", "PYTHONUNBUFFERED": "1"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    log = []
-    try:
-        for line in proc.stdout:
-            log.append(line)
-            if line.startswith("step 5/"):
-                proc.send_signal(signal.SIGINT)
-                break
-        log.extend(proc.stdout)
-        proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    text = "".join(log)
-    assert proc.returncode == 0 and "Traceback" not in text and "KeyboardInterrupt" not in text, text[-2000:]
+    from tests.test_checkpointing import _run_and_signal
+
+    returncode, text, _ = _run_and_signal(tmp_path, overrides, at_step=5, sig=signal.SIGINT)
+    assert returncode == 0 and "Traceback" not in text and "KeyboardInterrupt" not in text, text[-2000:]
     stopped_at = int(text.split("Preempted (SIGINT) at step ")[1].split(":")[0])
     assert 5 <= stopped_at <= 5 + trainer.MAX_STEPS_AHEAD + 1  # Acted on within the dispatch bound.
     assert _steps(tmp_path) == [stopped_at]
