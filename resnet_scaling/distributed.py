@@ -26,6 +26,7 @@ resumes from the last complete checkpoint.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import errno
 import ipaddress
@@ -451,6 +452,9 @@ class PeerWatchdog:
         self._seen: dict[int, tuple[str | None, float]] = {
             i: (None, now) for i in range(num_processes) if i != process_id}
         self._thread: threading.Thread | None = None
+        self._entries: dict[str, str] = {}  # The watch keys as last read from the service.
+        self._exiting = threading.Event()
+        self._round = threading.Lock()  # Held during a round of calls to the coordination client.
 
     def check(self) -> str | None:
         """One round: beat, look at the others. Returns the error line (without "error: ") when the job has
@@ -488,15 +492,20 @@ class PeerWatchdog:
                                          allow_overwrite=True)
                 except Exception as e:  # noqa: BLE001 - they will find it themselves.
                     logger.debug("Could not record the lost process(es): %s", e)
+        self._entries = entries
         if not lost:
             return None
-        steps = [_int_or_none(v) for k, v in entries.items() if k.startswith(f"{_WATCH_PREFIX}step/")]
-        checkpoints = [_int_or_none(v) for k, v in entries.items()
-                       if k.startswith(f"{_WATCH_PREFIX}checkpoint/")]
-        step = max((s for s in steps if s is not None), default=None)
-        checkpoint_step = max((s for s in checkpoints if s is not None), default=None)
-        return peer_lost_message(lost, self.num_processes, self.process_id, self.timeout_sec, step,
-                                 checkpoint_step)
+        return self._lost_message(lost)
+
+    def _lost_message(self, lost: list[int]) -> str:
+        """The error line for `lost`, with the newest step and checkpoint the service last reported."""
+        newest = {}
+        for kind in ("step", "checkpoint"):
+            prefix = f"{_WATCH_PREFIX}{kind}/"
+            values = [_int_or_none(v) for k, v in self._entries.items() if k.startswith(prefix)]
+            newest[kind] = max((v for v in values if v is not None), default=None)
+        return peer_lost_message(lost, self.num_processes, self.process_id, self.timeout_sec, newest["step"],
+                                 newest["checkpoint"])
 
     def _lost_by_notice(self, notice: str | None) -> list[int]:
         indices = [_int_or_none(part) for part in (notice or "").split(",")]
@@ -506,11 +515,26 @@ class PeerWatchdog:
         """Starts the watching thread (a daemon: it never holds the process open)."""
         self._thread = threading.Thread(target=self._run, name="peer-watchdog", daemon=True)
         self._thread.start()
+        # Registered after jax's own exit hooks, so it runs before them (atexit is last in, first out): a
+        # watch call still in flight when jax shuts its coordination client down aborts the process in C++.
+        atexit.register(self.stop)
         return self
+
+    def stop(self) -> None:
+        """At a normal exit: no more calls to the coordination client (jax is about to shut it down), after
+        the round in flight. The thread still ends the process, naming the peer seen last the longest ago,
+        if jax's shutdown barrier holds it longer than the stated bound (a peer died at the end)."""
+        self._exiting.set()
+        with self._round:
+            pass
 
     def _run(self) -> None:
         while not self.finished:
-            message = self.check()
+            with self._round:
+                message = None if self._exiting.is_set() else self.check()
+            if self._exiting.is_set():
+                self._end_if_exit_hangs()
+                return
             if message is not None:
                 sys.stdout.flush()
                 sys.stderr.write(f"error: {message}\n")
@@ -518,7 +542,17 @@ class PeerWatchdog:
                 if self.process_id == 0 and self.num_processes > 2:
                     time.sleep(2 * self.poll_sec)  # Let the others read the notice before the service goes.
                 os._exit(1)  # The main thread may be blocked in a collective, in C++.
-            time.sleep(self.poll_sec)
+            self._exiting.wait(self.poll_sec)
+
+    def _end_if_exit_hangs(self) -> None:
+        time.sleep(peer_exit_bound_sec(self.timeout_sec))
+        if not self._seen:
+            return
+        stalest = min(self._seen, key=lambda peer: self._seen[peer][1])
+        sys.stdout.flush()
+        sys.stderr.write(f"error: {self._lost_message([stalest])}\n")
+        sys.stderr.flush()
+        os._exit(1)
 
 
 def maybe_initialize(coordinator_address: str | None = None, num_processes: int | None = None,
