@@ -3,9 +3,9 @@
 Each framework runs in a worker subprocess of its own, so that its peak resident memory is its own
 (`ru_maxrss` of the child, from `os.wait4`). The workers are set up, compiled and warmed up one after
 the other; then the parent asks each in turn for one timed repeat of `--steps` steps, `--repeats` times,
-so that all of them see the same machine load. Synthetic data, one batch of `--batch_size` images of
-`--image_size` pixels; images/sec is the median over the repeats, and a ratio to ours the median over
-the repeats of the ratio within each repeat.
+so that all of them see the same machine load. Every worker but the one at work is stopped (SIGSTOP).
+Synthetic data, one batch of `--batch_size` images of `--image_size` pixels; images/sec is the median
+over the repeats, and a ratio to ours the median over the repeats of the ratio within each repeat.
 
 - `ours`: the library's step (`training_setup.setup` -> `steps.jit_train_step`, compiled ahead of time,
   state donated, batches already on the device), as `train_step.py` times it; SGD momentum 0.9, L2 1e-4
@@ -31,6 +31,7 @@ import json
 import os
 import platform
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -226,6 +227,15 @@ class Worker:
         raise RuntimeError(f"The {self.name} worker exited with status {self.process.wait()} "
                            "before answering (its stderr is above).")
 
+    def pause(self) -> None:
+        """Stops the worker's process (SIGSTOP) while another framework is set up or timed: an idle
+        framework is not idle on the CPU (PyTorch's OpenMP threads spin-wait after their work), and with
+        the PyTorch worker merely alive the JAX step measured up to 1.5x slower on 2 cores."""
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.process.pid, signal.SIGCONT)
+
     def time_repeat(self) -> float:
         self.process.stdin.write("run\n")
         self.process.stdin.flush()
@@ -233,6 +243,7 @@ class Worker:
 
     def close(self) -> int:
         """Stops the worker; returns its peak resident set size in bytes."""
+        self.resume()
         self.process.stdin.close()
         _, status, usage = os.wait4(self.process.pid, 0)
         self.process.returncode = os.waitstatus_to_exitcode(status)
@@ -252,10 +263,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"{name}: skipped: {rows[name]['skipped']}", flush=True)
                 continue
             workers[name] = Worker(name, args)  # One at a time: no compile competes with another.
+            workers[name].pause()
         seconds = {name: [] for name in workers}
         for _ in range(args.repeats):  # Interleaved, so that every framework sees the same machine load.
             for name, w in workers.items():
+                w.resume()  # Only the framework being timed runs.
                 seconds[name].append(w.time_repeat())
+                w.pause()
     except BaseException:
         for w in workers.values():
             w.process.kill()

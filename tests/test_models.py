@@ -151,6 +151,27 @@ def test_pointwise_conv_equals_a_1x1_convolution_with_stride():
     np.testing.assert_allclose(conv.apply(variables, x), reference, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("in_features, out_features", [(4, 12), (12, 4), (6, 6)])
+def test_pointwise_dot_gradients_equal_autodiff_of_the_plain_product(in_features, out_features):
+    """The custom weight gradient (either operand transposed, whichever is narrower) is the same sum."""
+    x = jax.random.normal(jax.random.key(0), (2, 5, 3, in_features))
+    w = jax.random.normal(jax.random.key(1), (in_features, out_features))
+    g = jax.random.normal(jax.random.key(2), (2, 5, 3, out_features))
+
+    def plain(x, w):
+        return jnp.einsum("nhwc,cd->nhwd", x, w, precision="highest")
+
+    def loss(f):
+        return lambda x, w: jnp.vdot(f(x, w), g)
+
+    np.testing.assert_allclose(models.pointwise_dot(x, w), plain(x, w), rtol=1e-5, atol=1e-5)
+    got = jax.jit(jax.grad(loss(models.pointwise_dot), argnums=(0, 1)))(x, w)
+    expected = jax.grad(loss(plain), argnums=(0, 1))(x, w)
+    for a, b in zip(got, expected, strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", ["resnet_tiny", "resnet50"])
 def test_both_lowerings_have_the_same_parameters_outputs_and_gradients(name):
     """The CPU forms (1x1 convolutions as dots, max pooling as strided maxima) and XLA's own (nn.Conv,

@@ -4,6 +4,8 @@ where it is installed) and its ResNet-50; the JAX rows are the train-step benchm
 import importlib.util
 import json
 import pathlib
+import subprocess
+import time
 
 import pytest
 
@@ -55,3 +57,47 @@ def test_a_tiny_torch_run_times_every_repeat_in_a_worker_process(torch_baseline,
     assert row["peak_rss_bytes"] > 100 * 2**20  # The worker's own peak: torch and a ResNet-50.
     assert row["num_params"] == 25_557_032
     assert "| PyTorch ResNet-50 v1.5" in capsys.readouterr().out
+
+
+def _process_state(pid: int) -> str:
+    return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_only_the_framework_being_timed_runs(torch_baseline, monkeypatch, tmp_path):
+    """The others are stopped while one repeat runs: an idle PyTorch process still spins on the CPU."""
+    if not pathlib.Path("/proc/self/stat").exists():
+        pytest.skip("needs /proc")
+    states = []
+
+    class FakeWorker(torch_baseline.Worker):
+        """A real worker process that sleeps instead of building a framework."""
+
+        def __init__(self, name, args):
+            self.name = name
+            self.process = subprocess.Popen(["sleep", "60"], stdin=subprocess.PIPE, text=True)
+            self.info = {}
+            workers.append(self)
+
+        def time_repeat(self):
+            deadline = time.monotonic() + 5  # A signal takes effect when the process is next scheduled.
+            while True:
+                stopped = {w.name: _process_state(w.process.pid) == "T" for w in workers}
+                if sum(stopped.values()) == len(workers) - 1 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+            states.append(stopped)
+            return 1.0
+
+        def close(self):
+            self.resume()
+            self.process.kill()
+            self.process.wait()
+            return 0
+
+    workers = []
+    monkeypatch.setattr(torch_baseline, "Worker", FakeWorker)
+    monkeypatch.setattr(torch_baseline, "torch_available", lambda: True)
+    torch_baseline.main(["--frameworks=ours,flax_example,torch", "--repeats=2",
+                         f"--json_out={tmp_path / 'x.json'}"])
+    assert states == [{name: name != timed for name in ("ours", "flax_example", "torch")}
+                      for timed in ("ours", "flax_example", "torch") * 2]
