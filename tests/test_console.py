@@ -49,9 +49,11 @@ def test_print_config_and_verbosity_bring_back_what_is_hidden(tmp_path):
             "--config.data.num_eval_examples=64", "--config.training.num_train_steps=2",
             "--config.eval.global_batch_size=64", "--config.training.tensorboard=false"]
     quiet = subprocess.run(args, cwd=tmp_path, env=_cli_env(), capture_output=True, text=True, timeout=300)
-    loud = subprocess.run([*args, "--print_config", "--verbosity=0"], cwd=tmp_path, env=_cli_env(),
-                          capture_output=True, text=True, timeout=300)
+    loud = subprocess.run([*args, "--print_config", "--verbosity=0", "--keep_freed_memory"], cwd=tmp_path,
+                          env=_cli_env(), capture_output=True, text=True, timeout=300)
     assert quiet.returncode == 0 and loud.returncode == 0, loud.stderr[-3000:]
+    kept = "what a step frees is kept for the next"
+    assert kept not in quiet.stdout + quiet.stderr and kept in loud.stdout + loud.stderr
     assert "crop_area_range" not in quiet.stdout + quiet.stderr and "crop_area_range" in loud.stdout
     assert "checkpoint_manager.py" not in quiet.stderr and "checkpoint_manager.py" in loud.stderr
 
