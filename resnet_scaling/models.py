@@ -32,7 +32,8 @@ class PointwiseConv(nn.Module):
 
     XLA's CPU backend runs 1x1 convolutions, and above all their weight gradients, several times slower
     than the equivalent dot (measured: 6 vs 44 GFLOP/s for the weight gradient, see
-    benchmarks/README.md); GPUs and TPUs lower both forms to the same matrix units.
+    benchmarks/README.md); GPUs and TPUs lower both forms to the same matrix units. The product's
+    gradient is `pointwise_dot`'s, which also chooses which operand the weight gradient transposes.
     """
 
     features: int
