@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import sys
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,15 @@ SETTINGS = ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1))  # -1: ne
 
 
 def keep_freed_memory() -> bool:
-    """Applies `SETTINGS` with glibc's `mallopt`; returns whether all took (False without glibc)."""
+    """Applies `SETTINGS` with glibc's `mallopt`; returns whether all took (False without glibc).
+
+    Called after JAX has started a backend it still applies, but XLA's threads keep the arenas they
+    already have, so it usually changes nothing; that case is logged as a warning.
+    """
+    if _jax_backends_started():
+        logger.warning("keep_freed_memory() was called after JAX started its backend: XLA's threads keep "
+                       "the heaps they already use, so steps will likely still fault their memory in. "
+                       "Call it before anything touches JAX's devices.")
     libc_name = ctypes.util.find_library("c")
     try:
         mallopt = ctypes.CDLL(libc_name).mallopt if libc_name else None
@@ -43,3 +52,15 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return all([mallopt(param, value) == 1 for param, value in SETTINGS])
+
+
+def _jax_backends_started() -> bool:
+    jax_module = sys.modules.get("jax")
+    if jax_module is None:
+        return False
+    try:
+        from jax._src import xla_bridge  # No public way to ask; the answer only adds a warning.
+
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):
+        return False

@@ -3,6 +3,7 @@
 import ctypes
 import ctypes.util
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -51,3 +52,24 @@ def test_a_freed_block_is_reused_without_page_faults():
     assert min(default) > pages // 2, default
     # Kept: only the first round faults the pages in; later rounds reuse them.
     assert kept[0] > pages // 2 and max(kept[1:]) < pages // 100, kept
+
+
+def test_a_call_after_jax_started_says_it_is_too_late():
+    """In a fresh process (the setting is process-wide): before any backend, no warning; after, one."""
+    script = textwrap.dedent("""
+        import logging, sys
+        logging.basicConfig(level=logging.WARNING)
+        import jax
+        from resnet_scaling import host_memory
+        if sys.argv[1] == "late":
+            jax.config.update("jax_platforms", "cpu")
+            jax.devices()
+        host_memory.keep_freed_memory()
+    """)
+    outputs = {}
+    for when in ("early", "late"):
+        proc = subprocess.run([sys.executable, "-c", script, when], capture_output=True, text=True,
+                              check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        outputs[when] = proc.stderr
+    assert "after JAX started its backend" not in outputs["early"]
+    assert outputs["late"].count("after JAX started its backend") == 1
