@@ -42,7 +42,7 @@ _THROUGHPUT_FLAGS = flags.DEFINE_bool("throughput_flags", True,
                                       "Add the XLA/libtpu flags of xla_flags.py for the detected backend.")
 _KEEP_FREED_MEMORY = flags.DEFINE_bool(
     "keep_freed_memory", False, "Steps on the CPU: glibc keeps the memory a step frees for the next instead "
-    "of faulting it in again (1.3x the ResNet-50 step on 2 cores; the process's memory grows, see "
+    "of faulting it in again (1.24x the ResNet-50 step on 2 cores; the process's memory grows, see "
     "host_memory.py).")
 _PRINT_CONFIG = flags.DEFINE_bool("print_config", False, "Print the config before training (it is always "
                                   "written to WORKDIR/config.json).")

@@ -54,6 +54,7 @@ def test_print_config_and_verbosity_bring_back_what_is_hidden(tmp_path):
     assert quiet.returncode == 0 and loud.returncode == 0, loud.stderr[-3000:]
     kept = "what a step frees is kept for the next"
     assert kept not in quiet.stdout + quiet.stderr and kept in loud.stdout + loud.stderr
+    assert "after JAX started its backend" not in loud.stderr  # In time for XLA's threads.
     assert "crop_area_range" not in quiet.stdout + quiet.stderr and "crop_area_range" in loud.stdout
     assert "checkpoint_manager.py" not in quiet.stderr and "checkpoint_manager.py" in loud.stderr
 
