@@ -9,9 +9,10 @@ over the repeats, and a ratio to ours the median over the repeats of the ratio w
 
 - `ours`: the library's step (`training_setup.setup` -> `steps.jit_train_step`, compiled ahead of time,
   state donated, batches already on the device), as `train_step.py` times it; SGD momentum 0.9, L2 1e-4
-  on kernels. Memory also from XLA's memory analysis of the compiled step.
-- `ours_kept`: the same with glibc keeping the memory a step frees (`python -m resnet_scaling.train
-  --keep_freed_memory`, `resnet_scaling/host_memory.py`).
+  on kernels; the step on the main thread and glibc keeping what it frees, as `python -m
+  resnet_scaling.train` runs CPU steps (`resnet_scaling/host_memory.py`). Memory also from XLA's memory
+  analysis of the compiled step.
+- `ours_nokeep`: the same without that (`--nokeep_freed_memory`): asynchronous dispatch, glibc's defaults.
 - `flax_example`: the flax ImageNet example's step (`flax_example_baseline.make_step`: `pmap`, `nn.Conv`,
   `nn.max_pool`, L2 in the loss, SGD Nesterov momentum 0.9).
 - `torch`: torchvision's `resnet50` (v1.5: stride 2 in the 3x3 convolutions) in channels-last layout, or,
@@ -43,9 +44,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-FRAMEWORKS = ("ours", "ours_kept", "flax_example", "torch")
-LABELS = {"ours": "resnet_scaling (this library)",
-          "ours_kept": "resnet_scaling, --keep_freed_memory", "flax_example": "flax examples/imagenet step",
+FRAMEWORKS = ("ours", "ours_nokeep", "flax_example", "torch")
+LABELS = {"ours": "resnet_scaling (this library)", "ours_nokeep": "resnet_scaling, --nokeep_freed_memory",
+          "flax_example": "flax examples/imagenet step",
           "torch": "PyTorch ResNet-50 v1.5 (channels-last, eager)"}
 TORCH_INSTALL = "pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu"
 _PROTOCOL = "@@ "  # Marks the workers' reply lines on stdout; anything else there is a library's chatter.
@@ -156,11 +157,13 @@ def _torch_worker(args: argparse.Namespace) -> tuple[Callable[[int], float], dic
 
 def _jax_worker(args: argparse.Namespace, name: str) -> tuple[Callable[[int], float], dict[str, Any]]:
     sys.path.insert(0, str(HERE))  # train_step.py and flax_example_baseline.py live beside this script.
-    if name == "ours_kept":  # As `python -m resnet_scaling.train --keep_freed_memory`: before JAX's threads.
+    import jax
+
+    if name == "ours":  # As `python -m resnet_scaling.train` runs CPU steps; before the backend starts.
         from resnet_scaling import host_memory
 
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
         host_memory.keep_freed_memory()
-    import jax
     import train_step
 
     from resnet_scaling.metrics import memory_per_device
@@ -168,7 +171,7 @@ def _jax_worker(args: argparse.Namespace, name: str) -> tuple[Callable[[int], fl
 
     info: dict[str, Any] = {"jax": jax.__version__, "device_kind": jax.devices()[0].device_kind}
     start = time.perf_counter()
-    if name in ("ours", "ours_kept"):
+    if name in ("ours", "ours_nokeep"):
         config = train_step.make_config(argparse.Namespace(
             model="resnet50", dtype="float32", batch_size=args.batch_size, image_size=args.image_size,
             optimizer="sgd", num_devices=1))

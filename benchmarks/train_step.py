@@ -29,7 +29,7 @@ import jax
 import jaxlib
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import host_memory, models, optim
+from resnet_scaling import host_memory, models, optim, xla_flags
 from resnet_scaling.data import SyntheticSource
 from resnet_scaling.metrics import flops_per_device, memory_per_device, utilisation
 from resnet_scaling.training_setup import setup
@@ -64,9 +64,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--num_devices", type=int, default=-1, help="-1: all devices.")
     p.add_argument("--json_out", default=None, help="Default: benchmarks/results/train_step-....json")
-    p.add_argument("--keep_freed_memory", action="store_true",
-                   help="glibc keeps the memory a step frees for the next, as `python -m "
-                        "resnet_scaling.train --keep_freed_memory` (resnet_scaling/host_memory.py).")
+    p.add_argument("--keep_freed_memory", action=argparse.BooleanOptionalAction, default=True,
+                   help="CPU: steps on the main thread, glibc keeps what a step frees for the next, as "
+                        "`python -m resnet_scaling.train` does (resnet_scaling/host_memory.py).")
     p.add_argument("--baseline", action="store_true",
                    help="Also time the flax ImageNet example's step (flax_example_baseline.py), "
                         "interleaved with ours in every repeat (resnet50 only).")
@@ -243,7 +243,10 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     if args.baseline and args.model != "resnet50":
         raise SystemExit("--baseline compares ResNet-50 steps; use --model=resnet50.")
-    kept = args.keep_freed_memory and host_memory.keep_freed_memory()  # Before JAX starts its threads.
+    kept = False
+    if args.keep_freed_memory and xla_flags.detect_backend() == "cpu":  # As the training entry point.
+        jax.config.update("jax_cpu_enable_async_dispatch", False)  # Before the backend starts.
+        kept = host_memory.keep_freed_memory()
     result = run(args, EventCounter())
     result["environment"]["host_memory_kept"] = kept
     print_table(result)

@@ -41,9 +41,9 @@ _PEER_TIMEOUT = flags.DEFINE_float(
 _THROUGHPUT_FLAGS = flags.DEFINE_bool("throughput_flags", True,
                                       "Add the XLA/libtpu flags of xla_flags.py for the detected backend.")
 _KEEP_FREED_MEMORY = flags.DEFINE_bool(
-    "keep_freed_memory", False, "Steps on the CPU: glibc keeps the memory a step frees for the next instead "
-    "of faulting it in again (1.24x the ResNet-50 step on 2 cores; the process's memory grows, see "
-    "host_memory.py).")
+    "keep_freed_memory", True, "Steps on the CPU: run them on the main thread and have glibc keep the memory "
+    "a step frees for the next, instead of faulting it in again (1.3x the ResNet-50 step on 2 cores; "
+    "host_memory.py). No effect on accelerators.")
 _PRINT_CONFIG = flags.DEFINE_bool("print_config", False, "Print the config before training (it is always "
                                   "written to WORKDIR/config.json).")
 
@@ -57,7 +57,10 @@ def main(argv: list[str]) -> None:
         jax.config.update("jax_platforms", "cpu")
     if _THROUGHPUT_FLAGS.value and (added := xla_flags.apply_throughput_flags()):
         logger.info("Throughput flags added: %s", added)
-    if _KEEP_FREED_MEMORY.value:
+    if _KEEP_FREED_MEMORY.value and xla_flags.detect_backend() == "cpu":
+        # Before any backend starts: a single-device CPU step then runs on this thread, whose heap keeps
+        # what the step frees for the next one (host_memory.py).
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
         if host_memory.keep_freed_memory():
             logger.info("Host memory: what a step frees is kept for the next (glibc mallopt).")
         else:

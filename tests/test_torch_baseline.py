@@ -35,7 +35,7 @@ def test_arguments_are_checked(torch_baseline):
         torch_baseline.parse_args(["--frameworks=ours,tensorflow"])
     with pytest.raises(SystemExit):
         torch_baseline.parse_args(["--steps=0"])
-    assert torch_baseline.parse_args([]).frameworks == ["ours", "ours_kept", "flax_example", "torch"]
+    assert torch_baseline.parse_args([]).frameworks == ["ours", "ours_nokeep", "flax_example", "torch"]
 
 
 def test_torch_resnet50_is_v1_5_with_the_library_parameter_count(torch_baseline):
