@@ -64,7 +64,7 @@ def main(argv: list[str]) -> None:
         if host_memory.keep_freed_memory():
             logger.info("Host memory: what a step frees is kept for the next (glibc mallopt).")
         else:
-            logger.warning("--keep_freed_memory: this C library has no glibc mallopt; left as it is.")
+            logger.info("Host memory: no glibc mallopt in this C library; its allocator is left as it is.")
     try:
         distributed.maybe_initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                                      _INIT_TIMEOUT.value, peer_timeout_sec=_PEER_TIMEOUT.value)
