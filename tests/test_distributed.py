@@ -131,10 +131,17 @@ def test_train_fails_fast_and_clearly_when_the_coordinator_is_unreachable(tmp_pa
 
 
 def test_launcher_gives_each_process_its_id_and_stops_the_job_when_one_fails(tmp_path):
-    script = ("import os, sys, time\n"
+    # Process 1 fails only once all three have printed (files as a barrier): under load, process 2 could
+    # otherwise still be starting when the launcher stops it, and never print.
+    script = ("import os, pathlib, sys, time\n"
               "pid = int(os.environ['RESNET_SCALING_PROCESS_ID'])\n"
               "print('id', pid, 'of', os.environ['RESNET_SCALING_NUM_PROCESSES'],"
-              " os.environ['RESNET_SCALING_COORDINATOR'])\n"
+              " os.environ['RESNET_SCALING_COORDINATOR'], flush=True)\n"
+              f"barrier = pathlib.Path({str(tmp_path)!r})\n"
+              "(barrier / f'printed_{pid}').touch()\n"
+              "deadline = time.monotonic() + 20\n"
+              "while len(list(barrier.glob('printed_*'))) < 3 and time.monotonic() < deadline:\n"
+              "    time.sleep(0.05)\n"
               "sys.exit(3) if pid == 1 else time.sleep(60)\n")
     start = time.monotonic()
     result = subprocess.run([sys.executable, str(LAUNCHER), "--num_processes=3", "--", sys.executable, "-c",

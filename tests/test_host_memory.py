@@ -35,8 +35,10 @@ needs_glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or not cty
 
 
 def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+    # A user's environment: one CPU device, XLA's default optimisations (not the suite's 8 fake devices).
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, check=True,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                          env={**env, "JAX_PLATFORMS": "cpu"})
 
 
 @needs_glibc
@@ -86,6 +88,8 @@ def test_the_training_step_takes_no_page_faults_once_warm(tmp_path):
     """)
     default = json.loads(_run(script, "default").stdout.splitlines()[-1])
     kept = json.loads(_run(script, "keep").stdout.splitlines()[-1])
-    # Measured: ~425,000 faults every call with glibc's defaults; 0-40 once the heap has grown (3 calls).
-    assert min(default[-3:]) > 5_000, default
-    assert max(kept[-3:]) < 500, kept
+    # Measured: ~425,000 faults every call with glibc's defaults; 0-120 once the heap has grown (3 calls)
+    # here, up to ~26,000 with the suite's fake devices and fast compiles beside another test's load (other
+    # buffers than the step's temporaries).
+    assert min(default[-3:]) > 100_000, default
+    assert max(kept[-3:]) * 10 < min(default[-3:]), (kept, default)
