@@ -16,6 +16,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import shlex
 import statistics
 import sys
@@ -117,6 +118,14 @@ def time_steps(step_fn: Any, state: Any, next_batch: Callable[[], Any], num_step
     return state, seconds
 
 
+def _resident_bytes() -> int | None:
+    """This process's resident memory now (Linux), else None."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def run(args: argparse.Namespace, events: EventCounter, *, config: Any = None) -> dict[str, Any]:
     """Builds the trainer's state and step, compiles, warms up and times; returns the results.
 
@@ -148,10 +157,15 @@ def run(args: argparse.Namespace, events: EventCounter, *, config: Any = None) -
     events.phase = "run"  # From here on every step must be the AOT executable: no tracing, no compiling.
     state, _ = time_steps(compiled, state, lambda: next(batches), args.warmup_steps)
     repeat_sec = []
+    host: dict[str, list] = {"minor_page_faults_per_step": [], "resident_bytes_after": []}  # Per repeat.
     last_metrics: dict[str, Any] = {}
     for _ in range(args.repeats):  # Interleaved, so that both see the same machine load.
+        faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         state, seconds = time_steps(compiled, state, lambda: next(batches), args.steps, last_metrics)
         repeat_sec.append(seconds)
+        host["minor_page_faults_per_step"].append(
+            (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before) / args.steps)
+        host["resident_bytes_after"].append(_resident_bytes())
         if baseline is not None:
             b_state, seconds = time_steps(b_step, b_state, lambda: b_batch, args.steps)
             baseline["repeat_sec"].append(seconds)
@@ -190,6 +204,8 @@ def run(args: argparse.Namespace, events: EventCounter, *, config: Any = None) -
         # The last timed step's metrics (loss, top1, learning_rate; loss_scale with float16).
         "last_step_metrics": {k: float(v) for k, v in last_metrics.items()},
         "memory": memory_stats(compiled, device),
+        # This process's page faults (the host's; on CPUs, the step's temporaries) and resident memory.
+        "host": host,
         "jax_events": {f"{phase}_{kind}": events.counts[phase, kind] for phase in ("setup", "compile", "run")
                        for kind in ("traces", "compiles")},
         "baseline": baseline,
@@ -230,6 +246,9 @@ def print_table(r: dict[str, Any]) -> None:
          f"{fmt(r['flops_per_step'], '.2f', 1e9)}; {fmt(r['gflops_per_sec'], '.1f')}"),
         ("MFU (against the peak in hardware.py)", fmt(r["utilisation"]["mfu"], ".1%")),
         ("memory per device: arg / out / temp / peak in use", mib),
+        ("host: minor page faults per step, resident after (per repeat)",
+         ", ".join(f"{f:,.0f}" for f in r["host"]["minor_page_faults_per_step"]) + "; "
+         + ", ".join(fmt(b, ".2f", 2**30, " GiB") for b in r["host"]["resident_bytes_after"])),
     ]
     if r["baseline"]:
         b = r["baseline"]

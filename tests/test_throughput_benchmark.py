@@ -60,3 +60,18 @@ def test_real_training_step_over_device_counts_writes_json(throughput, tmp_path,
         points[1]["images_per_sec"] / 2 / points[0]["images_per_sec"])
     assert result["scaling"] == "weak"
     assert "| 2 | 4 |" in capsys.readouterr().out
+
+
+def test_train_step_reports_the_host_page_faults_and_memory_of_each_repeat(throughput, tmp_path, capsys):
+    import train_step  # Beside throughput.py (the fixture put benchmarks/ on the path).
+
+    out = tmp_path / "ts.json"
+    train_step.main(["--model=resnet_tiny", "--image_size=32", "--batch_size=8", "--num_devices=1",
+                     "--steps=2", "--warmup_steps=1", "--repeats=3", "--no-keep_freed_memory",
+                     f"--json_out={out}"])
+    host = json.loads(out.read_text())["host"]
+    assert len(host["minor_page_faults_per_step"]) == 3 and len(host["resident_bytes_after"]) == 3
+    assert all(f >= 0 for f in host["minor_page_faults_per_step"])
+    # This process holds JAX, XLA and the suite's other work: far above 100 MiB, far below the machine.
+    assert all(100 * 2**20 < b < 64 * 2**30 for b in host["resident_bytes_after"])
+    assert "host: minor page faults per step" in capsys.readouterr().out
