@@ -117,11 +117,27 @@ def test_the_peer_timeout_comes_from_the_argument_the_environment_or_the_default
         distributed.resolve_peer_timeout_sec(None, {distributed.ENV_PEER_TIMEOUT: "1m"})
     with pytest.raises(ValueError, match=">= 0"):
         distributed.resolve_peer_timeout_sec(-1, {})
-    # The stated bounds; JAX's own heartbeat abort comes only after the watchdog's line.
+    # The stated bounds. JAX's own heartbeat abort can come half its timeout after a death (its processes
+    # beat every half timeout), which must be after the watchdog's line.
     assert distributed.peer_exit_bound_sec(60) == 80 and distributed.peer_exit_bound_sec(10) == 14
+    assert distributed.jax_heartbeat_timeout_sec(60) == 180
+    assert distributed.jax_heartbeat_timeout_sec(10) == 48
     for timeout_sec in (1, 10, 60, 600):
         bound_sec = distributed.peer_exit_bound_sec(timeout_sec)
-        assert distributed.jax_heartbeat_timeout_sec(timeout_sec) > bound_sec
+        assert distributed.jax_heartbeat_timeout_sec(timeout_sec) / 2 > bound_sec
+
+
+def test_at_exit_the_bound_counts_from_the_dead_peers_last_sign_of_life(monkeypatch, capsys):
+    store, clock, dogs = _watchdogs(2)
+    _rounds(clock, dogs, 3)  # Both beat; process 1's last beat, at 1003 s, is seen by process 0 at 1004 s.
+    _rounds(clock, dogs[:1], 8)  # Process 1 is dead; at 1011 s process 0's main thread starts to exit.
+    slept, exits = [], []
+    monkeypatch.setattr(distributed.time, "sleep", slept.append)
+    monkeypatch.setattr(distributed.os, "_exit", exits.append)
+    dogs[0]._end_if_exit_hangs()  # Held in JAX's shutdown barrier: it waits out the bound, then ends.
+    assert slept == [pytest.approx(1004 + distributed.peer_exit_bound_sec(10) - 1011)] == [7]
+    assert exits == [1]
+    assert capsys.readouterr().err.startswith("error: process 1 of 2 stopped responding")
 
 
 # ------------------------------------------------------------------ real processes
