@@ -17,90 +17,25 @@ import jax.numpy as jnp
 import ml_collections
 
 from resnet_scaling.batchnorm import GroupedBatchNorm
+from resnet_scaling.cpu_lowering import (
+    PatchGradConv,
+    PointwiseConv,
+    conv_kernel_init,
+    max_pool_3x3_s2,
+)
 from resnet_scaling.plan import BatchPlan, TrainingPlan
 
 ModuleDef = Any
 
-# He initialisation with fan-out, as torchvision's kaiming_normal_(mode="fan_out").
-conv_kernel_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
 # The MLPerf reference initialises the classifier with a small normal.
 dense_kernel_init = nn.initializers.normal(stddev=0.01)
 
 
-class PointwiseConv(nn.Module):
-    """A 1x1 convolution written as a matrix product over channels (same `kernel` [1, 1, in, out]).
-
-    XLA's CPU backend runs 1x1 convolutions, and above all their weight gradients, several times slower
-    than the equivalent dot (measured: 6 vs 44 GFLOP/s for the weight gradient, see
-    benchmarks/README.md); GPUs and TPUs lower both forms to the same matrix units. The product's
-    gradient is `pointwise_dot`'s, which also chooses which operand the weight gradient transposes.
-    """
-
-    features: int
-    strides: int = 1
-    dtype: Any = jnp.float32
-    param_dtype: Any = jnp.float32
-    kernel_init: Any = conv_kernel_init
-
-    @nn.compact
-    def __call__(self, x):
-        kernel = self.param("kernel", self.kernel_init, (1, 1, x.shape[-1], self.features), self.param_dtype)
-        if self.strides > 1:  # A strided 1x1 convolution without padding reads every s-th pixel.
-            x = x[:, :: self.strides, :: self.strides, :]
-        x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
-        return pointwise_dot(x, kernel[0, 0])
-
-
-def _channel_dot(x: jax.Array, w: jax.Array) -> jax.Array:
-    return jax.lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())))
-
-
-@jax.custom_vjp
-def pointwise_dot(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x [..., in] @ w [in, out], whose weight gradient transposes the operand with fewer channels."""
-    return _channel_dot(x, w)
-
-
-def _pointwise_dot_fwd(x, w):
-    return _channel_dot(x, w), (x, w)
-
-
-def _pointwise_dot_bwd(residuals, g):
-    # The weight gradient sums over every pixel: a product whose contraction runs along the activations'
-    # major axis, so XLA:CPU materialises one operand transposed. Left alone it often picks the wider one
-    # (the output gradient of a 64 -> 256 expansion); the narrower one is up to 4x fewer bytes to move.
-    x, w = residuals
-    dx = jax.lax.dot_general(g, w, (((g.ndim - 1,), (1,)), ((), ())))
-    xf, gf = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
-    if xf.shape[1] <= gf.shape[1]:
-        dw = jax.lax.dot_general(xf, gf, (((0,), (0,)), ((), ())))
-    else:
-        dw = jax.lax.dot_general(gf, xf, (((0,), (0,)), ((), ()))).T
-    return dx, dw
-
-
-pointwise_dot.defvjp(_pointwise_dot_fwd, _pointwise_dot_bwd)
-
-
-def max_pool_3x3_s2(x: jax.Array) -> jax.Array:
-    """3x3 max pooling with stride 2 and padding 1 (as torchvision), as strided maxima.
-
-    The same values as `nn.max_pool`, but its gradient is elementwise selects instead of XLA's
-    select-and-scatter, which runs ~6x slower on CPUs; accelerators fuse either form. The window is
-    separable: the maximum of 3 strided rows, then of 3 strided columns (4 maxima instead of 8).
-    """
-    height, width = -(-x.shape[1] // 2), -(-x.shape[2] // 2)
-    padded = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=-jnp.inf)
-    rows = [padded[:, i : i + 2 * height : 2] for i in range(3)]
-    rows = jnp.maximum(jnp.maximum(rows[0], rows[1]), rows[2])
-    cols = [rows[:, :, j : j + 2 * width : 2] for j in range(3)]
-    return jnp.maximum(jnp.maximum(cols[0], cols[1]), cols[2])
-
-
-# How convolutions and pooling are written (`config.model.lowering`): "cpu" as a matrix product (1x1
-# convolutions) and strided maxima (max pooling), which XLA's CPU backend runs several times faster; "xla"
-# as `nn.Conv` and `nn.max_pool`, the forms XLA's TPU and GPU backends map onto their convolution units
-# and cuDNN; "auto" picks "cpu" on CPUs and "xla" elsewhere. Both have the same parameters and outputs.
+# How convolutions and pooling are written (`config.model.lowering`): "cpu" with the forms of
+# `cpu_lowering` (1x1 convolutions as matrix products, strided convolutions whose weight gradient is a
+# product over patches, max pooling as strided maxima), which XLA's CPU backend runs faster; "xla" as
+# `nn.Conv` and `nn.max_pool`, the forms XLA's TPU and GPU backends map onto their convolution units and
+# cuDNN; "auto" picks "cpu" on CPUs and "xla" elsewhere. Both have the same parameters and outputs.
 LOWERINGS = ("auto", "cpu", "xla")
 
 
@@ -122,10 +57,12 @@ def make_conv(features: int, kernel_size: tuple[int, int], strides: tuple[int, i
               padding: Any = "SAME", dtype: Any = jnp.float32, name: str | None = None,
               lowering: str = "cpu") -> nn.Module:
     """A bias-free He-initialised convolution; with the "cpu" lowering, 1x1 kernels without padding
-    become `PointwiseConv` (the same `kernel`)."""
+    become `PointwiseConv`, and strided kernels with explicit padding `PatchGradConv` (the same `kernel`)."""
     pointwise = tuple(kernel_size) == (1, 1) and padding in ("SAME", "VALID") and strides[0] == strides[1]
     if lowering == "cpu" and pointwise:
         return PointwiseConv(features, strides[0], dtype=dtype, name=name)
+    if lowering == "cpu" and max(strides) > 1 and not isinstance(padding, str):
+        return PatchGradConv(features, tuple(kernel_size), tuple(strides), padding, dtype=dtype, name=name)
     return nn.Conv(features, kernel_size, strides, padding=padding, use_bias=False, dtype=dtype,
                    param_dtype=jnp.float32, kernel_init=conv_kernel_init, name=name)
 

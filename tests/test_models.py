@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from resnet_scaling import models
+from resnet_scaling import cpu_lowering, models
 
 
 def _abstract_variables(model, image_size=224):
@@ -136,15 +136,15 @@ def test_unknown_model_name_is_refused():
 def test_max_pool_matches_flax_max_pool_values_and_gradient_mass(size):
     x = jax.random.normal(jax.random.key(size), (2, size, size, 3))
     expected = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
-    np.testing.assert_array_equal(models.max_pool_3x3_s2(x), expected)
-    grad = jax.grad(lambda x: models.max_pool_3x3_s2(x).sum())(x)
+    np.testing.assert_array_equal(cpu_lowering.max_pool_3x3_s2(x), expected)
+    grad = jax.grad(lambda x: cpu_lowering.max_pool_3x3_s2(x).sum())(x)
     expected_grad = jax.grad(lambda x: nn.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1))).sum())(x)
     np.testing.assert_allclose(grad, expected_grad)  # No ties in random normals: the same argmax.
 
 
 def test_pointwise_conv_equals_a_1x1_convolution_with_stride():
     x = jax.random.normal(jax.random.key(0), (2, 9, 9, 4))
-    conv = models.PointwiseConv(6, strides=2)
+    conv = cpu_lowering.PointwiseConv(6, strides=2)
     variables = conv.init(jax.random.key(1), x)
     assert variables["params"]["kernel"].shape == (1, 1, 4, 6)
     reference = nn.Conv(6, (1, 1), (2, 2), padding="VALID", use_bias=False).apply(variables, x)
@@ -164,12 +164,45 @@ def test_pointwise_dot_gradients_equal_autodiff_of_the_plain_product(in_features
     def loss(f):
         return lambda x, w: jnp.vdot(f(x, w), g)
 
-    np.testing.assert_allclose(models.pointwise_dot(x, w), plain(x, w), rtol=1e-5, atol=1e-5)
-    got = jax.jit(jax.grad(loss(models.pointwise_dot), argnums=(0, 1)))(x, w)
+    np.testing.assert_allclose(cpu_lowering.pointwise_dot(x, w), plain(x, w), rtol=1e-5, atol=1e-5)
+    got = jax.jit(jax.grad(loss(cpu_lowering.pointwise_dot), argnums=(0, 1)))(x, w)
     expected = jax.grad(loss(plain), argnums=(0, 1))(x, w)
     for a, b in zip(got, expected, strict=True):
         assert a.shape == b.shape
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel, stride, pad, size, channels", [
+    (3, 2, 1, 9, 5), (3, 2, 1, 8, 4), (7, 2, 3, 16, 3), (3, 1, 1, 5, 2), (2, 3, 0, 11, 3)])
+def test_patch_grad_conv_equals_the_convolution_and_its_autodiff(kernel, stride, pad, size, channels):
+    """The weight gradient over patches is XLA's own, whether or not the windows tile the image."""
+    x = jax.random.normal(jax.random.key(0), (2, size, size, channels))
+    w = jax.random.normal(jax.random.key(1), (kernel, kernel, channels, 6))
+    strides, padding = (stride, stride), ((pad, pad), (pad, pad))
+
+    def plain(x, w):
+        return jax.lax.conv_general_dilated(x, w, strides, padding, precision="highest",
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    out = cpu_lowering.patch_grad_conv(x, w, strides, padding)
+    np.testing.assert_allclose(out, plain(x, w), rtol=1e-5, atol=1e-5)
+    g = jax.random.normal(jax.random.key(2), out.shape)
+    got = jax.jit(jax.grad(lambda x, w: jnp.vdot(cpu_lowering.patch_grad_conv(x, w, strides, padding), g),
+                           argnums=(0, 1)))(x, w)
+    expected = jax.grad(lambda x, w: jnp.vdot(plain(x, w), g), argnums=(0, 1))(x, w)
+    for a, b in zip(got, expected, strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_the_cpu_lowering_uses_the_patch_gradient_for_strided_convolutions_only():
+    model = models.create_model("resnet50", 10, num_filters=8, lowering="cpu")
+    images = jnp.zeros((2, 32, 32, 3))
+    jaxpr = str(jax.make_jaxpr(lambda v: model.apply(v, images, train=False))(
+        jax.eval_shape(lambda: model.init(jax.random.key(0), images, train=False))))
+    # The stem and the 3x3 of stages 2-4's first blocks; the other 3x3s and the 1x1s are not.
+    assert jaxpr.count("name=patch_grad_conv") == 4
+    assert jaxpr.count("name=pointwise_dot") == 36
 
 
 @pytest.mark.parametrize("name", ["resnet_tiny", "resnet50"])
