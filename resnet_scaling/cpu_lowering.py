@@ -126,9 +126,10 @@ def _patch_grad_conv_fwd(x, w, strides, padding):
 
 def _patch_grad_conv_bwd(strides, padding, residuals, g):
     # XLA:CPU computes a strided convolution's weight gradient as a convolution dilated by the stride,
-    # at 40-60% of the rate of the same sum as a product of the patches (transposed) with the output
-    # gradient (isolated, batch 16: the stem's 65 -> 39 ms; a first block's 3x3, 26 -> 20 ms at 56 px).
-    # The input gradient stays XLA's (dead code for the stem, whose input is the image).
+    # slower than the same sum as one product of the patches with the output gradient: ResNet-50's
+    # stem 60 -> 40 ms, its stride-2 3x3s 1.17x faster with their input gradients, batch 16 on 2 cores
+    # (benchmarks/cpu_lowering.py). The input gradient stays XLA's (dead code for the stem, whose input
+    # is the image).
     x, w = residuals
     _, input_vjp = jax.vjp(lambda x: _conv(x, w, strides, padding), x)
     (dx,) = input_vjp(g)
