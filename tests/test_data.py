@@ -109,6 +109,24 @@ def test_synthetic_source_makes_sharded_batches_on_the_device_and_masks_eval():
     assert sum(m.sum() for m in masks) == 20 and len(masks) == 2
 
 
+def test_synthetic_batches_are_distinct_and_compiled_once():
+    compiles, watching = [], [True]
+
+    def on_event(event, duration, **kwargs):
+        if watching[0] and event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(on_event)
+    try:  # An image size no other test uses, so that nothing is cached yet.
+        config = tiny_config(data__source="synthetic", data__image_size=24)
+        source = data.create_data_source(config, mesh.create_mesh(8))
+    finally:
+        watching[0] = False
+    assert len(compiles) == 1  # Not one program per batch.
+    batches = [np.asarray(jax.device_get(b["images"])) for b in itertools.islice(source.train_batches(), 4)]
+    assert all(not np.array_equal(a, b) for a, b in itertools.combinations(batches, 2))
+
+
 def test_shapes_dataset_is_deterministic_balanced_and_varied():
     images, labels = shapes.make_shapes(200, image_size=32, seed=1)
     again, again_labels = shapes.make_shapes(200, image_size=32, seed=1)

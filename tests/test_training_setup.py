@@ -64,11 +64,15 @@ def test_compiled_step_runs_on_real_batches_and_reports_flops_and_memory():
     assert memory["argument"] == state_bytes + sum(x.nbytes for x in batch.values()) // 8
     assert memory["alias"] == state_bytes
     # A training step costs about three forward passes (the forward, then two products per layer
-    # backward; measured 2.9): XLA's count for one forward pass over a device's 2 images, compiled alone.
+    # backward): XLA's count for one forward pass over a device's 2 images, compiled alone. Measured 2.9
+    # with lowering="xla" and 3.5 with the CPU forms: XLA counts a convolution's taps on its padding as
+    # no work, but the patch-form weight gradients multiply those zeros, and at this model's 1-4 pixel
+    # stage outputs half the taps of a strided 3x3 fall on padding (ResNet-50 at 224 px: 383.6 against
+    # 382.2 GFLOP per step, +0.4%).
     model = models.model_from_config(tiny_config())
     forward = jax.jit(lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"]))
     forward_flops = metrics.flops_per_device(forward.lower(variables, np.zeros((2, 32, 32, 3))).compile())
-    assert 2.5 * forward_flops < metrics.flops_per_device(compiled) < 3.5 * forward_flops
+    assert 2.5 * forward_flops < metrics.flops_per_device(compiled) < 3.8 * forward_flops
 
 
 def test_a_training_command_validates_its_config_once(monkeypatch, tmp_path):

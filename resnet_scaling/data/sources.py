@@ -17,6 +17,14 @@ from resnet_scaling.data.base import Batch, pad_batch, process_share
 from resnet_scaling.plan import BatchPlan
 
 
+def _random_batch(key: jax.Array, batch_size: int, image_size: int, num_classes: int) -> Batch:
+    """Uniform uint8 images [batch, size, size, 3] and int32 labels in [0, num_classes)."""
+    image_key, label_key = jax.random.split(key)
+    shape = (batch_size, image_size, image_size, 3)
+    return {"images": jax.random.randint(image_key, shape, 0, 256, jnp.int32).astype(jnp.uint8),
+            "labels": jax.random.randint(label_key, (batch_size,), 0, num_classes, jnp.int32)}
+
+
 class SyntheticSource:
     """Random images and labels made on the device: the standard input for throughput benchmarks.
 
@@ -37,15 +45,10 @@ class SyntheticSource:
         self._seed = seed
 
     def _make_batch(self, key: jax.Array, batch_size: int) -> Batch:
-        def make(key):
-            image_key, label_key = jax.random.split(key)
-            shape = (batch_size, self._image_size, self._image_size, 3)
-            return {
-                "images": jax.random.randint(image_key, shape, 0, 256, jnp.int32).astype(jnp.uint8),
-                "labels": jax.random.randint(label_key, (batch_size,), 0, self._num_classes, jnp.int32),
-            }
-
-        return jax.jit(make, out_shardings=mesh_lib.batch_sharding(self._mesh))(key)
+        # One module-level function with static sizes: every batch of a size reuses one compiled program.
+        make = jax.jit(_random_batch, static_argnums=(1, 2, 3),
+                       out_shardings=mesh_lib.batch_sharding(self._mesh))
+        return make(key, batch_size, self._image_size, self._num_classes)
 
     def train_batches(self, start_step: int = 0) -> Iterator[Batch]:
         step = start_step
