@@ -214,13 +214,16 @@ def _define_flags() -> None:
     flags.DEFINE_string("split", None, "A TFDS split to evaluate instead of config.data.eval_split.")
     flags.DEFINE_multi_string("override", [], "FIELD=VALUE for a data.* or eval.* field of the run's config, "
                               "e.g. data.data_dir=/mnt/tfds (a moved dataset); repeatable.")
+    flags.DEFINE_bool("keep_freed_memory", True, "On the CPU: run the evaluation step on the main thread and "
+                      "have glibc keep the memory a step frees for the next, as training does "
+                      "(host_memory.py). No effect on accelerators.")
 
 
 def main(argv: list[str]) -> None:
     """The command: evaluates, prints the figures and writes the JSON; errors end as one `error:` line."""
     from absl import app, flags
 
-    from resnet_scaling import console, distributed, xla_flags
+    from resnet_scaling import console, distributed, host_memory, xla_flags
 
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
@@ -228,6 +231,9 @@ def main(argv: list[str]) -> None:
     if xla_flags.no_accelerator_found():  # Before any backend starts: no TPU probing on a CPU machine.
         jax.config.update("jax_platforms", "cpu")
     options = flags.FLAGS
+    if options.keep_freed_memory and xla_flags.detect_backend() == "cpu":
+        jax.config.update("jax_cpu_enable_async_dispatch", False)  # Also before any backend starts.
+        host_memory.keep_freed_memory()
     overrides = {}
     for item in options.override:
         field, sep, value = item.partition("=")

@@ -33,7 +33,8 @@ SETTINGS = ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1))  # -1: never trim.
 
 
 def keep_freed_memory() -> bool:
-    """Applies `SETTINGS` with glibc's `mallopt`; returns whether all took (False without glibc).
+    """Applies `SETTINGS` with glibc's `mallopt`; returns whether all took (False without glibc), and
+    logs which (at INFO).
 
     Warns when JAX's asynchronous CPU dispatch is on: steps then allocate on XLA's threads, which this
     does not help. Entry points set `jax_cpu_enable_async_dispatch=False` before JAX starts a backend.
@@ -48,9 +49,13 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         mallopt = None
     if mallopt is None:  # musl, macOS: other allocators, other rules.
+        logger.info("Host memory: no glibc mallopt in this C library; its allocator is left as it is.")
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return all([mallopt(param, value) == 1 for param, value in SETTINGS])
+    kept = all([mallopt(param, value) == 1 for param, value in SETTINGS])
+    if kept:
+        logger.info("Host memory: what a step frees is kept for the next (glibc mallopt).")
+    return kept
 
 
 def _async_cpu_dispatch() -> bool:

@@ -61,10 +61,7 @@ def main(argv: list[str]) -> None:
         # Before any backend starts: a single-device CPU step then runs on this thread, whose heap keeps
         # what the step frees for the next one (host_memory.py).
         jax.config.update("jax_cpu_enable_async_dispatch", False)
-        if host_memory.keep_freed_memory():
-            logger.info("Host memory: what a step frees is kept for the next (glibc mallopt).")
-        else:
-            logger.info("Host memory: no glibc mallopt in this C library; its allocator is left as it is.")
+        host_memory.keep_freed_memory()
     try:
         distributed.maybe_initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                                      _INIT_TIMEOUT.value, peer_timeout_sec=_PEER_TIMEOUT.value)

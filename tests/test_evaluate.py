@@ -171,6 +171,8 @@ def test_the_command_evaluates_a_synthetic_run_and_writes_its_json(tmp_path):
     assert written["eval_top1"] == final["eval_top1"]
     assert "export parameters on eval: top-1" in proc.stdout and "over 20 images" in proc.stdout
     assert "eval_export_eval.json" in proc.stdout
+    # On the CPU the evaluation step keeps the memory it frees, as training's does.
+    assert "Host memory: what a step frees is kept for the next" in proc.stdout + proc.stderr
     # This run kept no best parameters (the workdir's own config.json is not taken for them).
     with pytest.raises(FileNotFoundError, match="no best/ parameters.*--weights=export"):
         evaluate_workdir(str(tmp_path), "best")
