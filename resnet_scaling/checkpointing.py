@@ -81,6 +81,22 @@ class IncompatibleCheckpointError(RunError, ValueError):
     """The workdir holds a checkpoint of another model or an incompatible config."""
 
 
+def where_to_resume(last_complete_step: int | None, directory: str) -> str:
+    """The sentence that ends a failed run's message: the checkpoint the same command resumes from."""
+    if last_complete_step is None:
+        return f"No complete checkpoint is in {directory} yet."
+    return (f"The last complete checkpoint is step {last_complete_step} in {directory}; run the same command "
+            "to resume from it once the cause is fixed.")
+
+
+def complete_steps(workdir: str) -> list[int]:
+    """The steps under WORKDIR/checkpoints that orbax finished (renamed from their temporary names), oldest
+    first, read from the directory without orbax."""
+    directory = workdir_lib.as_path(workdir) / "checkpoints"
+    names = [p.name for p in directory.iterdir()] if directory.is_dir() else []
+    return sorted(int(n) for n in names if n.isdigit())
+
+
 def config_fingerprint(config: ml_collections.ConfigDict) -> dict[str, Any]:
     """The values of `COMPATIBILITY_FIELDS` in `config`."""
     fingerprint = {}
@@ -114,8 +130,7 @@ def latest_saved_meta(workdir: str) -> dict[str, Any] | None:
     """The newest checkpoint's small JSON record (step, config, clocks), read without orbax or any device:
     what the cheap checks before a run's set-up need. None when there is none or it cannot be read."""
     directory = workdir_lib.as_path(workdir) / "checkpoints"
-    names = [p.name for p in directory.iterdir()] if directory.is_dir() else []
-    for step in sorted((int(n) for n in names if n.isdigit()), reverse=True):
+    for step in reversed(complete_steps(workdir)):
         try:
             return json.loads((directory / str(step) / "meta" / "metadata").read_text())
         except (OSError, ValueError):
@@ -247,11 +262,9 @@ class Checkpointer:
 
     def _save_error(self, step: int | None, error: Exception) -> CheckpointSaveError:
         complete = [s for s in self._manager.all_steps() if s != step]
-        last = (f"The last complete checkpoint is step {max(complete)} in {self.directory}; run the same "
-                "command to resume from it once the cause is fixed." if complete else
-                f"No complete checkpoint is in {self.directory} yet.")
-        return CheckpointSaveError(
-            f"Saving the checkpoint of step {step} failed: {workdir_lib.describe_os_error(error)}. {last}")
+        return CheckpointSaveError(f"Saving the checkpoint of step {step} failed: "
+                                   f"{workdir_lib.describe_os_error(error)}. "
+                                   f"{where_to_resume(max(complete, default=None), self.directory)}")
 
     def _saved_best_top1(self) -> float:
         """Top-1 of the best evaluation saved by an earlier run in this workdir (-inf if none)."""
@@ -390,10 +403,18 @@ class Checkpointer:
         return paths
 
     def wait(self) -> None:
-        """Blocks until every started save is complete on disk."""
-        self._manager.wait_until_finished()
-        if self._best_manager is not None:
-            self._best_manager.wait_until_finished()
+        """Blocks until every started save is complete on disk.
+
+        Raises:
+          CheckpointSaveError: a save under way failed (orbax re-raises its writer's error here).
+        """
+        for manager in (self._manager, self._best_manager):
+            if manager is None:
+                continue
+            try:
+                manager.wait_until_finished()
+            except Exception as e:  # noqa: BLE001 - named like any other failed save.
+                raise self._save_error(self.last_started_step, e) from e
 
     def close(self) -> None:
         self.wait()

@@ -85,6 +85,11 @@ def train_and_evaluate(
 
     Returns:
       A `TrainResult` with the final state and the logged metrics.
+
+    Raises:
+      RunError: what a user can fix, in one sentence or two (`errors.py`). A full or read-only disk is a
+        `WorkdirError` or a `CheckpointSaveError`, whichever write met it first; both name the cause and
+        the last complete checkpoint.
     """
     launch_start_wall = time.time()  # Goodput counts this launch's set-up as initialisation.
     console.show_progress()
@@ -96,6 +101,15 @@ def train_and_evaluate(
     lock = _lock_workdir(workdir)
     try:
         return _train(config, workdir, arrays, devices, launch_start_wall)
+    except OSError as e:
+        # Any write (metrics, goodput, TensorBoard, a checkpoint) may be the first to meet a full disk.
+        if isinstance(e, RunError) or not workdir_lib.is_storage_full(e):
+            raise
+        last = max(checkpointing.complete_steps(workdir), default=None)
+        raise workdir_lib.WorkdirError(
+            f"Writing to the workdir {workdir} failed: {workdir_lib.describe_os_error(e)}. "
+            f"{checkpointing.where_to_resume(last, str(workdir_lib.as_path(workdir) / 'checkpoints'))}"
+        ) from e
     finally:
         if lock is not None:
             lock.release()

@@ -75,6 +75,23 @@ def write_text_atomically(path: str | os.PathLike[str], text: str) -> None:
     os.replace(tmp, path)
 
 
+# The failures that say the storage itself cannot take more (not a missing file or a bad path).
+STORAGE_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
+
+
+def is_storage_full(error: BaseException) -> bool:
+    """Whether `error` (or an error along its chain of causes) says the storage is full, over quota or
+    read-only."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in STORAGE_FULL_ERRNOS:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def describe_os_error(error: BaseException) -> str:
     """The root cause of an I/O failure in a few words ("No space left on device", ...), found along the
     exception's chain of causes (orbax and TensorStore wrap the OSError several levels deep)."""

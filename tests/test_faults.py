@@ -231,7 +231,8 @@ def test_a_full_disk_stops_the_run_at_once_naming_the_cause_and_the_last_checkpo
     run_dir = tmp_path / "small_disk"
     unmount = _tiny_filesystem(run_dir, "1600k")  # Room for ~2 checkpoints of the tiny model.
     try:
-        with pytest.raises(checkpointing.CheckpointSaveError) as failure:
+        # Whichever write meets the full disk first (a checkpoint, goodput.json, metrics.jsonl) ends the run.
+        with pytest.raises((checkpointing.CheckpointSaveError, workdir.WorkdirError)) as failure:
             _train(run_dir, training__num_train_steps=40, checkpoint__async_save=True, checkpoint__keep=10,
                    training__log_every_steps=1, checkpoint__every_steps=1)
         message = str(failure.value)
@@ -240,6 +241,57 @@ def test_a_full_disk_stops_the_run_at_once_naming_the_cause_and_the_last_checkpo
         assert last in _steps(run_dir)
     finally:
         unmount()
+
+
+def test_a_full_disk_met_by_a_metrics_write_names_the_cause_and_the_last_checkpoint(tmp_path, monkeypatch):
+    import errno
+
+    from resnet_scaling.metrics import goodput
+
+    real_write = workdir.write_text_atomically
+
+    def fill_the_disk_at_step_5(path, text):
+        is_goodput = str(path).endswith(goodput.GOODPUT_FILENAME)
+        if is_goodput and json.loads(text)["launches"][-1]["last_step"] >= 5:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real_write(path, text)
+
+    monkeypatch.setattr(workdir, "write_text_atomically", fill_the_disk_at_step_5)
+    with pytest.raises(workdir.WorkdirError,
+                       match=r"^Writing to the workdir .* failed: No space left on device \(ENOSPC\)\. "
+                             r"The last complete checkpoint is step 4 in .*checkpoints; run the same command",
+                       ) as failure:
+        _train(tmp_path, training__log_every_steps=1)
+    assert "\n" not in str(failure.value)
+    assert _steps(tmp_path) == [2, 4]
+    # Other I/O errors are not a full disk: they stay what they are.
+
+    def lose_the_directory(path, text):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+
+    monkeypatch.setattr(workdir, "write_text_atomically", lose_the_directory)
+    with pytest.raises(FileNotFoundError):
+        _train(tmp_path / "other", training__log_every_steps=1)
+
+
+def test_a_background_save_that_fails_while_closing_is_named_like_any_failed_save(tmp_path, monkeypatch):
+    import errno
+
+    import orbax.checkpoint as ocp
+
+    real_wait = ocp.CheckpointManager.wait_until_finished
+
+    def fail_once_step_6_is_started(self):
+        real_wait(self)
+        if self.latest_step() == 6:
+            self._checkpoints.delete_if(lambda info: info.step == 6)  # As orbax does when its writer fails.
+            raise ValueError("tensorstore write failed") from OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+
+    monkeypatch.setattr(ocp.CheckpointManager, "wait_until_finished", fail_once_step_6_is_started)
+    with pytest.raises(checkpointing.CheckpointSaveError,
+                       match=r"checkpoint of step 6 failed: Disk quota exceeded \(EDQUOT\)\. "
+                             r"The last complete checkpoint is step 4 in"):
+        _train(tmp_path, training__num_train_steps=6)
 
 
 def test_a_save_that_fails_names_its_cause(tmp_path, monkeypatch):
