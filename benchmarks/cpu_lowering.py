@@ -22,13 +22,12 @@ import shlex
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from resnet_scaling import cpu_lowering, host_memory
+from resnet_scaling import cpu_lowering, host_memory, workdir
 
 # name, input size, input channels, output channels, kernel, stride, padding, weights only
 LAYERS = (
@@ -117,8 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
     host_memory.keep_freed_memory()
     result = run(args)
     print_table(result)
-    Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
+    workdir.write_text_atomically(args.json_out, json.dumps(result, indent=2) + "\n")  # Folders made.
     print(f"Wrote {args.json_out}")
     return result
 

@@ -20,7 +20,6 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
@@ -369,8 +368,7 @@ class Checkpointer:
           FloatingPointError: a parameter or statistic is NaN or infinite; nothing is exported.
         """
         variables = {"params": state.params, "batch_stats": state.batch_stats}
-        finite = jax.tree.reduce(lambda ok, x: ok & jnp.all(jnp.isfinite(x)), variables, jnp.bool_(True))
-        if not bool(finite):
+        if not state_checks.all_finite(variables):
             raise FloatingPointError("The final parameters hold NaN or infinite values: not exporting them; "
                                      f"the checkpoints in {self.directory} are unchanged.")
         checkpointer = ocp.StandardCheckpointer(multiprocessing_options=_barriers("export"))

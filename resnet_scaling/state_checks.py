@@ -64,6 +64,16 @@ def _health(params: Any, others: Any) -> tuple[jax.Array, jax.Array]:
     return finite, norm
 
 
+@jax.jit
+def _all_finite(tree: Any) -> jax.Array:
+    return jax.tree.reduce(lambda ok, x: ok & jnp.all(jnp.isfinite(x)), tree, jnp.bool_(True))
+
+
+def all_finite(tree: Any) -> bool:
+    """Whether every array of `tree` is free of NaN and infinities (integers always are), in one program."""
+    return bool(_all_finite(tree))
+
+
 def health(state: Any) -> tuple[bool, float]:
     """`(finite, parameter_norm)`: whether every floating array of the state (parameters, BN statistics,
     optimizer state) is finite, and the global L2 norm of the parameters."""

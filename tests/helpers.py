@@ -94,37 +94,20 @@ def persistent_compilation_cache(directory: os.PathLike) -> Iterator[None]:
 
 @contextlib.contextmanager
 def xla_default_optimizations() -> Iterator[None]:
-    """Programs compiled in the block get XLA's default optimisations, as in real runs, not the tests'
-    fast compiles; all but the train state's initialiser.
-
-    The initialiser stays on the fast path: with full optimisations it alone takes ~5 s to compile (a
-    random draw per parameter), and the runs a test compares all start from its same values, so how it
-    was compiled is no part of what they compare. Everything after it (train and eval steps, checks,
-    checkpoint handling) is optimised.
+    """Programs compiled in the block are compiled as in real runs, not as the tests' fast compiles: with
+    XLA's default optimisations, and the train state's initialiser with the options `create_train_state`
+    gives it on the CPU (`steps.RUN_ONCE_CPU_COMPILER_OPTIONS`).
 
     `jax_disable_most_optimizations` is read when a program is compiled and is no part of JAX's cache
     keys, so the caches are cleared on the way in and out: no program compiled on one path runs on the other.
     """
     import jax
 
-    from resnet_scaling import steps
-
     fast_outside = jax.config.values["jax_disable_most_optimizations"]
-    create_train_state = steps.create_train_state
-
-    def create_train_state_compiled_fast(*args, **kwargs):
-        jax.config.update("jax_disable_most_optimizations", True)
-        try:
-            return create_train_state(*args, **kwargs)
-        finally:
-            jax.config.update("jax_disable_most_optimizations", False)
-
     jax.clear_caches()
     jax.config.update("jax_disable_most_optimizations", False)
-    steps.create_train_state = create_train_state_compiled_fast
     try:
         yield
     finally:
-        steps.create_train_state = create_train_state
         jax.config.update("jax_disable_most_optimizations", fast_outside)
         jax.clear_caches()

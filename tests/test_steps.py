@@ -114,3 +114,23 @@ def test_float16_uses_dynamic_loss_scaling_and_skips_overflowing_steps():
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(jax.device_get(state.params)), strict=True):
         np.testing.assert_array_equal(a, b)
     assert float(metrics["loss_scale"]) == 2.0**39  # Halved: flax's back-off factor.
+
+
+def test_the_initialiser_compiles_unoptimised_on_the_cpu_to_the_same_state(monkeypatch):
+    config = tiny_config()
+    model, m = models.model_from_config(config), mesh.create_mesh(2)
+    tx = optim.create_optimizer(config, lambda step: 0.1)
+    options_seen = []
+    real_compile = jax.stages.Lowered.compile
+
+    def compile_and_record(self, compiler_options=None, **kwargs):
+        options_seen.append(compiler_options)
+        return real_compile(self, compiler_options=compiler_options, **kwargs)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", compile_and_record)
+    state = steps.create_train_state(jax.random.key(0), model, tx, config.data.image_size, m)
+    assert options_seen == [steps.RUN_ONCE_CPU_COMPILER_OPTIONS]
+    assert all(leaf.sharding.is_fully_replicated for leaf in jax.tree.leaves(state))
+    optimised = jax.jit(steps.train_state_init_fn(model, tx, config.data.image_size))(jax.random.key(0))
+    for ours, reference in zip(jax.tree.leaves(state), jax.tree.leaves(optimised), strict=True):
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(reference), rtol=1e-6, atol=1e-7)
