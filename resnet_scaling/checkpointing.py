@@ -88,12 +88,17 @@ def where_to_resume(last_complete_step: int | None, directory: str) -> str:
             "to resume from it once the cause is fixed.")
 
 
+# orbax writes this file into a step's folder once every item of the save is written: on a local disk just
+# before renaming the folder into place, on gs:// (no renames there) as the save's last act.
+COMMIT_MARKER = "commit_success.txt"
+
+
 def complete_steps(workdir: str) -> list[int]:
-    """The steps under WORKDIR/checkpoints that orbax finished (renamed from their temporary names), oldest
-    first, read from the directory without orbax."""
+    """The steps under WORKDIR/checkpoints whose save finished, oldest first, read from the directory
+    without orbax."""
     directory = workdir_lib.as_path(workdir) / "checkpoints"
     names = [p.name for p in directory.iterdir()] if directory.is_dir() else []
-    return sorted(int(n) for n in names if n.isdigit())
+    return sorted(int(n) for n in names if n.isdigit() and (directory / n / COMMIT_MARKER).exists())
 
 
 def config_fingerprint(config: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -101,8 +101,9 @@ def train_and_evaluate(
     lock = _lock_workdir(workdir)
     try:
         return _train(config, workdir, arrays, devices, launch_start_wall)
-    except OSError as e:
-        # Any write (metrics, goodput, TensorBoard, a checkpoint) may be the first to meet a full disk.
+    except Exception as e:
+        # Any write (metrics, goodput, TensorBoard, a checkpoint) may be the first to meet a full disk; the
+        # OSError may come wrapped (orbax raises ValueErrors from TensorStore's).
         if isinstance(e, RunError) or not workdir_lib.is_storage_full(e):
             raise
         last = max(checkpointing.complete_steps(workdir), default=None)

@@ -54,9 +54,11 @@ def test_a_gs_workdir_trains_resumes_exports_and_loads_from_the_bucket(tmp_path)
             "print(json.dumps({'model': config.model.name, 'leaves': len(variables['params'])}))\n"
             "from resnet_scaling.metrics import read_summary\n"
             f"print('final_step', read_summary({workdir!r})['run']['final_step'])\n"
+            f"print('complete_steps', checkpointing.complete_steps({workdir!r}))\n"
             "from etils import epath\n"
             f"print(epath.Path({workdir!r}, 'metrics.jsonl').read_text(), end='')\n")], env, tmp_path)
         assert '"model": "resnet_tiny"' in loaded and "final_step 6" in loaded
+        assert "complete_steps [2, 4, 6]" in loaded  # orbax's commit marker is in the bucket too.
         records = [json.loads(line) for line in loaded.splitlines() if line.startswith("{")]
         assert [r["step"] for r in records if "loss" in r] == [2, 4, 6]  # One record per step.
 

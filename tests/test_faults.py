@@ -253,7 +253,8 @@ def test_a_full_disk_met_by_a_metrics_write_names_the_cause_and_the_last_checkpo
     def fill_the_disk_at_step_5(path, text):
         is_goodput = str(path).endswith(goodput.GOODPUT_FILENAME)
         if is_goodput and json.loads(text)["launches"][-1]["last_step"] >= 5:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+            # Wrapped, as orbax wraps TensorStore's errors: the cause is found along the chain.
+            raise ValueError("write failed") from OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         real_write(path, text)
 
     monkeypatch.setattr(workdir, "write_text_atomically", fill_the_disk_at_step_5)
@@ -272,6 +273,16 @@ def test_a_full_disk_met_by_a_metrics_write_names_the_cause_and_the_last_checkpo
     monkeypatch.setattr(workdir, "write_text_atomically", lose_the_directory)
     with pytest.raises(FileNotFoundError):
         _train(tmp_path / "other", training__log_every_steps=1)
+
+
+def test_only_saves_orbax_finished_count_as_complete(tmp_path):
+    for step, finished in ((2, True), (4, True), (6, False)):  # 6: a gs:// save cut off (no renames there).
+        (tmp_path / "checkpoints" / str(step)).mkdir(parents=True)
+        if finished:
+            (tmp_path / "checkpoints" / str(step) / checkpointing.COMMIT_MARKER).write_text("")
+    (tmp_path / "checkpoints" / "8.orbax-checkpoint-tmp-1").mkdir()
+    assert checkpointing.complete_steps(str(tmp_path)) == [2, 4]
+    assert checkpointing.complete_steps(str(tmp_path / "none")) == []
 
 
 def test_a_background_save_that_fails_while_closing_is_named_like_any_failed_save(tmp_path, monkeypatch):
