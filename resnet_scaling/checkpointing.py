@@ -213,6 +213,7 @@ class Checkpointer:
         c = config.checkpoint
         self._config = config
         root = workdir_lib.as_path(workdir)
+        self._workdir = workdir
         self.directory = str(root / "checkpoints")
         self._manager = ocp.CheckpointManager(
             self.directory,
@@ -265,10 +266,11 @@ class Checkpointer:
                 raise self._save_error(self.last_started_step, e) from e
 
     def _save_error(self, step: int | None, error: Exception) -> CheckpointSaveError:
-        complete = [s for s in self._manager.all_steps() if s != step]
+        # From the disk, not orbax's list: that may still hold the step whose save just failed.
+        last = max(complete_steps(self._workdir), default=None)
         return CheckpointSaveError(f"Saving the checkpoint of step {step} failed: "
                                    f"{workdir_lib.describe_os_error(error)}. "
-                                   f"{where_to_resume(max(complete, default=None), self.directory)}")
+                                   f"{where_to_resume(last, self.directory)}")
 
     def _saved_best_top1(self) -> float:
         """Top-1 of the best evaluation saved by an earlier run in this workdir (-inf if none)."""
