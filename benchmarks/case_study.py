@@ -558,7 +558,10 @@ def _other_chart(plt: Any, others: Sequence[Mapping[str, Any]], path: Path) -> N
 def plot(rows: Sequence[Mapping[str, Any]], out_dir: Path, curves: Sequence[Curve] = (),
          others: Sequence[Mapping[str, Any]] = (), v100_images_per_sec: float | None = None) -> list[Path]:
     """speedup.png and cost.png for the case study's workload; other_workloads.png when there are others."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("error: the charts need matplotlib: pip install -e '.[benchmarks]'") from None
 
     matplotlib.use("Agg")  # No display: write files only.
     import matplotlib.pyplot as plt

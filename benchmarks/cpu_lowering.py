@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from resnet_scaling import cpu_lowering, host_memory, workdir
+from resnet_scaling import cpu_lowering, hardware, host_memory, workdir
 
 # name, input size, input channels, output channels, kernel, stride, padding, weights only
 LAYERS = (
@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> dict:
     return {"benchmark": "cpu_lowering", "config": vars(args), "layers": rows,
             "environment": {"jax": jax.__version__, "python": platform.python_version(),
                             "device_kind": jax.devices()[0].device_kind, "cpu_count": os.cpu_count(),
+                            "cpu_model": hardware.host_cpu_model(),
                             "command": shlex.join([sys.executable, *sys.argv]),
                             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}}
 

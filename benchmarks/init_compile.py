@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from resnet_scaling import hardware, models, optim, steps, workdir
 from resnet_scaling import mesh as mesh_lib
-from resnet_scaling import models, optim, steps, workdir
 from resnet_scaling.config import get_base_config
 
 # name: (model, classes, width, image size)
@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "command": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
         "date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
+        "cpu_model": hardware.host_cpu_model(),
         "jax": jax.__version__, "repeats": args.repeats,
         "models": [time_model(name, args.repeats) for name in names],
     }

@@ -56,6 +56,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from resnet_scaling import hardware  # noqa: E402
 from resnet_scaling.config import IMAGENET_MEAN_RGB, IMAGENET_STDDEV_RGB  # noqa: E402
 from resnet_scaling.data import preprocessing  # noqa: E402
 
@@ -299,7 +300,8 @@ def main(argv=None) -> dict:
     result = {
         "command": "python benchmarks/input_pipeline.py " + " ".join(
             f"--{k}={v}" for k, v in vars(args).items() if k != "output" and v is not None),
-        "machine": {"processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+        "machine": {"processor": platform.processor() or platform.machine(),
+                    "cpu_model": hardware.host_cpu_model(), "cpu_count": os.cpu_count(),
                     "tensorflow": tf.__version__},
         "jpegs": {"count": len(jpegs), "width": args.width, "height": args.height, "quality": 90,
                   "mean_kib": round(float(np.mean([len(j) for j in jpegs])) / 1024, 1)},

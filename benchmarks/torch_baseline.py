@@ -43,6 +43,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from resnet_scaling import hardware
+
 HERE = Path(__file__).resolve().parent
 FRAMEWORKS = ("ours", "ours_nokeep", "flax_example", "torch")
 LABELS = {"ours": "resnet_scaling (this library)", "ours_nokeep": "resnet_scaling, --nokeep_freed_memory",
@@ -304,7 +306,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "frameworks": rows,
         "environment": {
             "python": platform.python_version(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
-            "command": shlex.join([sys.executable, *sys.argv]),
+            "cpu_model": hardware.host_cpu_model(), "command": shlex.join([sys.executable, *sys.argv]),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")},
     }
 

@@ -30,7 +30,7 @@ import jax
 import jaxlib
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import host_memory, models, optim, xla_flags
+from resnet_scaling import hardware, host_memory, models, optim, xla_flags
 from resnet_scaling.data import SyntheticSource
 from resnet_scaling.metrics import flops_per_device, memory_per_device, utilisation
 from resnet_scaling.training_setup import setup
@@ -217,6 +217,7 @@ def run(args: argparse.Namespace, events: EventCounter, *, config: Any = None) -
             "python": platform.python_version(), "platform": device.platform,
             "device_kind": device.device_kind,
             "num_devices": mesh.size, "num_visible_devices": jax.device_count(), "cpu_count": os.cpu_count(),
+            "cpu_model": hardware.host_cpu_model(),
             "default_matmul_precision": jax.config.jax_default_matmul_precision,
             "command": shlex.join([sys.executable, *sys.argv]),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")},

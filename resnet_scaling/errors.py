@@ -11,3 +11,7 @@ from __future__ import annotations
 
 class RunError(Exception):
     """An error whose message says what went wrong and how to fix it."""
+
+
+class MissingExtraError(RunError, ImportError):
+    """A feature needs a package that only one of the package's extras installs; the message names it."""

@@ -10,6 +10,8 @@ Sources: the Cloud TPU system-architecture pages and NVIDIA's data sheets.
 from __future__ import annotations
 
 import dataclasses
+import os
+import platform
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,3 +79,20 @@ def hbm_bytes_per_device(devices: Sequence[Any], device_kind: str = "") -> int |
         return None
     chips = {(getattr(d, "slice_index", 0), tuple(getattr(d, "coords", (d.id,)))) for d in devices}
     return spec.hbm_bytes_per_chip * len(chips) // len(devices)
+
+
+def host_cpu_model(cpuinfo: str | os.PathLike[str] = "/proc/cpuinfo") -> str:
+    """The host CPU's model name, as `lscpu` prints it ("AMD EPYC 7B13", "Intel(R) Xeon(R) Processor"):
+    CPU figures depend on it (one 2-core VM can run twice as fast as another), so benchmarks record it.
+
+    Reads Linux's `cpuinfo`; elsewhere, or where it names no model, `platform.processor()` or the machine.
+    """
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model name") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -13,6 +13,7 @@ believe they hold the lock; each reads the lock back after writing it, which nar
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ from typing import Any
 
 from etils import epath
 
-from resnet_scaling.errors import RunError
+from resnet_scaling.errors import MissingExtraError, RunError
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +40,27 @@ class WorkdirError(RunError):
 
 
 def as_path(workdir: str | os.PathLike[str]) -> epath.Path:
-    """`workdir` as an epath Path: absolute where local, untouched where remote (`gs://...`)."""
+    """`workdir` as an epath Path: absolute where local, untouched where remote (`gs://...`).
+
+    Raises:
+      MissingExtraError: for a `gs://` path when the client orbax needs there is not installed.
+    """
     text = os.fspath(workdir)
+    if text.startswith("gs://"):
+        require_gcs_client()
     return epath.Path(text if "://" in text else os.path.abspath(text))
+
+
+def require_gcs_client() -> None:
+    """Raises `MissingExtraError` unless `google-cloud-storage` is importable: orbax needs it for every
+    `gs://` checkpoint but does not declare it, and without it fails deep inside a save."""
+    try:
+        found = importlib.util.find_spec("google.cloud.storage") is not None
+    except ModuleNotFoundError:  # No `google.cloud` package at all.
+        found = False
+    if not found:
+        raise MissingExtraError("gs:// paths need google-cloud-storage, which orbax uses there: "
+                                "pip install 'resnet_scaling[gcs]' (the [tpu] extra includes it).")
 
 
 def check_writable(workdir: str | os.PathLike[str]) -> epath.Path:

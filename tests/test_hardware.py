@@ -28,3 +28,12 @@ def test_unknown_devices_have_no_figures():
     assert hardware.peak_tflops_per_device("cpu") is None
     assert hardware.peak_tflops_per_device("cpu", measured=0.5) == 0.5
     assert hardware.hbm_bytes_per_device([types.SimpleNamespace(device_kind="cpu", id=0)]) is None
+
+
+def test_the_host_cpu_model_is_the_cpuinfo_model_name(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n"
+                       "processor\t: 1\nmodel name\t: AMD EPYC 7B13\n")
+    assert hardware.host_cpu_model(cpuinfo) == "AMD EPYC 7B13"
+    # No cpuinfo (macOS, or a model-less one): still a non-empty name, from the platform module.
+    assert hardware.host_cpu_model(tmp_path / "missing") != ""

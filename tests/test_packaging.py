@@ -1,13 +1,33 @@
 """The installed package, as a user meets it: a wheel built from this checkout, installed into a fresh
-virtual environment outside the checkout, runs the demo by its short name and carries every config."""
+virtual environment outside the checkout that holds what the wheel declares and nothing else, runs the
+demo by its short name on a gs:// workdir, prepares ImageNet-style tars and carries every config.
 
+The environment is made without `--system-site-packages`: it sees only the distributions that the wheel's
+own metadata requires (with the `gcs` extra), followed through their own requirements, each linked file
+by file from the running environment. An import that the package makes without declaring it fails there,
+as it would for a user, instead of being found among the test environment's packages."""
+
+import email.parser
+import importlib.metadata
+import importlib.util
 import os
 import pathlib
+import re
 import subprocess
 import sys
+import sysconfig
 import zipfile
 
+import pytest
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from tests.gcs_emulator import gcs_emulator
+from tests.image_files import write_ilsvrc_tars
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
+EXTRAS = ("gcs",)
 
 
 def _run(args, **kwargs):
@@ -16,7 +36,77 @@ def _run(args, **kwargs):
     return proc
 
 
-def test_the_wheel_carries_the_configs_and_runs_the_demo_by_name_outside_the_checkout(tmp_path):
+def _wheel_requirements(wheel: pathlib.Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = email.parser.Parser().parsestr(archive.read(name).decode())
+    return metadata.get_all("Requires-Dist") or []
+
+
+def declared_closure(requirements: list[str],
+                     extras: tuple[str, ...]) -> dict[str, importlib.metadata.Distribution]:
+    """The installed distributions that `requirements` (with `extras` asked for) need, followed through
+    each one's own requirements; fails naming any that this environment lacks or has at another version."""
+    needed: dict[str, importlib.metadata.Distribution] = {}
+    pending = [(Requirement(r), ("",) + extras) for r in requirements]
+    while pending:
+        requirement, asked_extras = pending.pop()
+        env = default_environment()
+        if requirement.marker and not any(requirement.marker.evaluate({**env, "extra": e})
+                                          for e in asked_extras):
+            continue
+        key = canonicalize_name(requirement.name)
+        try:
+            dist = importlib.metadata.distribution(requirement.name)
+        except importlib.metadata.PackageNotFoundError:
+            pytest.fail(f"{requirement} is declared but not installed in the test environment")
+        assert requirement.specifier.contains(dist.version, prereleases=True), (
+            str(requirement), dist.version)
+        first_visit = key not in needed
+        needed[key] = dist
+        if first_visit or requirement.extras:
+            pending += [(Requirement(r), ("",) + tuple(requirement.extras)) for r in dist.requires or []]
+    return needed
+
+
+def link_distributions(dists, site_packages: pathlib.Path) -> int:
+    """Links every file that `dists` installed under this environment's site-packages into `site_packages`
+    (their scripts and other files outside it are left out); returns how many files it linked."""
+    roots = {pathlib.Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib")}
+    linked = 0
+    for dist in dists:
+        for file in dist.files or []:
+            source = pathlib.Path(dist.locate_file(file)).resolve()
+            root = next((r for r in roots if source.is_relative_to(r)), None)
+            if root is None or not source.is_file():
+                continue
+            target = site_packages / source.relative_to(root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not target.exists():
+                target.symlink_to(source)
+                linked += 1
+    return linked
+
+
+def test_the_closure_follows_markers_extras_and_transitive_requirements():
+    # Oracle: facts of the packages themselves. jax requires jaxlib; the gcs extra brings
+    # google-cloud-storage and, through it, google-auth; the test extra (not asked for) brings no pytest.
+    closure = declared_closure(["jax", "google-cloud-storage; extra == 'gcs'", "pytest; extra == 'test'"],
+                               ("gcs",))
+    assert {"jax", "jaxlib", "google-cloud-storage", "google-auth"} <= set(closure)
+    assert "pytest" not in closure
+
+
+def test_the_readme_test_command_is_what_ci_runs():
+    readme = (REPO / "README.md").read_text()
+    ci = (REPO / ".ci" / "run").read_text().splitlines()[-1]
+    blocks = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)
+    assert any(ci in block.splitlines() for block in blocks), ci
+    # A brand-new environment, without the machine's site-packages.
+    assert ci.startswith("python3 -m venv --clear .venv && ") and "system-site-packages" not in ci
+
+
+def test_the_wheel_with_only_its_declared_dependencies_runs_the_demo_prepare_and_a_gs_workdir(tmp_path):
     wheels = tmp_path / "wheels"
     # Built as pip builds it for a user: in an isolated build environment with pyproject's build backend.
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(REPO)],
@@ -27,11 +117,16 @@ def test_the_wheel_carries_the_configs_and_runs_the_demo_by_name_outside_the_che
     assert {f"resnet_scaling/configs/{name}" for name in shipped} <= names
     assert not any(name.startswith(("tests/", "configs/", "benchmarks/")) for name in names)
 
-    # A fresh environment; its dependencies (jax, flax, TensorFlow, ...) come from this interpreter's
-    # site-packages, the package itself only from the wheel.
     venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)])
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
     python = venv / "bin" / "python"
+    site_packages = pathlib.Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                                       "['purelib'])"]).stdout.strip())
+    closure = declared_closure(_wheel_requirements(wheel), EXTRAS)
+    assert {"jax", "flax", "orbax-checkpoint", "tensorflow-datasets", "importlib-resources",
+            "google-cloud-storage"} <= set(closure)
+    assert not {"pytest", "chex", "libtpu", "matplotlib", "resnet-scaling"} & set(closure)
+    assert link_distributions(closure.values(), site_packages) > 1000
     _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)])
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -39,15 +134,30 @@ def test_the_wheel_carries_the_configs_and_runs_the_demo_by_name_outside_the_che
     where = _run([str(python), "-c", "import resnet_scaling, resnet_scaling.configs as c; "
                   "print(resnet_scaling.__file__); print(c.__file__)"], cwd=elsewhere, env=env).stdout
     assert str(REPO) not in where and str(venv) in where, where
+    # Nothing of the test environment beyond the declared closure: its test extras do not import here.
+    missing = subprocess.run([str(python), "-c", "import pytest"], capture_output=True, text=True,
+                             cwd=elsewhere, env=env)
+    assert missing.returncode != 0 and "No module named 'pytest'" in missing.stderr
 
-    workdir = tmp_path / "run"
-    proc = _run([str(python), "-m", "resnet_scaling.train", "--config=demo", f"--workdir={workdir}",
-                 f"--config.data.cache_dir={tmp_path / 'cache'}", "--config.data.num_train_examples=256",
-                 "--config.data.num_eval_examples=64", "--config.training.num_train_steps=3",
-                 "--config.eval.global_batch_size=64", "--config.training.tensorboard=false"],
-                cwd=elsewhere, env=env)
-    assert "Done: step 3 of 3" in proc.stderr
-    assert (workdir / "summary.json").is_file() and (workdir / "export" / "config.json").is_file()
+    # The demo by its short name, on a gs:// workdir (orbax needs google-cloud-storage there).
+    with gcs_emulator(set_environ=False) as gcs:
+        workdir = f"{gcs.root}/runs/demo"
+        proc = _run([str(python), "-m", "resnet_scaling.train", "--config=demo", f"--workdir={workdir}",
+                     f"--config.data.cache_dir={tmp_path / 'cache'}", "--config.data.num_train_examples=256",
+                     "--config.data.num_eval_examples=64", "--config.training.num_train_steps=3",
+                     "--config.eval.global_batch_size=64", "--config.training.tensorboard=false"],
+                    cwd=elsewhere, env={**env, **gcs.env})
+        assert "Done: step 3 of 3" in proc.stderr
+        objects = {name[len("runs/demo/"):] for name in gcs.list_objects(prefix="runs/demo/")}
+        expected = {"summary.json", "export/config.json", "checkpoints/3/meta/metadata"}
+        assert expected <= objects, sorted(objects)
+
+    # The README's ImageNet step on small ILSVRC2012-style tars (TFDS's builder imports importlib_resources).
+    write_ilsvrc_tars(tmp_path / "manual", ("n01440764", "n01443537"), train_per_class=2, num_val=4)
+    proc = _run([str(python), "-m", "resnet_scaling.prepare", f"--manual_dir={tmp_path / 'manual'}",
+                 f"--data_dir={tmp_path / 'tfds'}"], cwd=elsewhere, env=env)
+    assert "train: 4 examples\nvalidation: 4 examples\n" in proc.stdout
+
     # configs/pod.py as the README writes it also resolves from any directory.
     proc = subprocess.run([str(python), "-m", "resnet_scaling.train", "--config=configs/pod.py",
                            f"--workdir={tmp_path / 'pod'}", "--config.mesh.num_devices=-1",
@@ -55,3 +165,21 @@ def test_the_wheel_carries_the_configs_and_runs_the_demo_by_name_outside_the_che
                           capture_output=True, text=True, timeout=300)
     # The pod's BN groups of 128 images cannot split a batch of 12: refused in one line, before any data.
     assert proc.returncode != 0 and "error: config.model.bn_group_size" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_gs_path_without_the_gcs_extra_names_the_extra_before_any_set_up(monkeypatch):
+    from resnet_scaling import errors, trainer, workdir
+    from tests.helpers import tiny_config
+
+    real_find_spec = importlib.util.find_spec
+
+    def without_google_cloud(name, *args):
+        if name.startswith("google.cloud"):
+            # What find_spec raises when the parent package is missing.
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_google_cloud)
+    with pytest.raises(errors.MissingExtraError, match=re.escape("pip install 'resnet_scaling[gcs]'")):
+        trainer.train_and_evaluate(tiny_config(), "gs://some-bucket/run")
+    workdir.as_path("/tmp/local-run")  # Local paths need no client.
