@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json_out", default="benchmarks/results/init_compile.json")
     args = p.parse_args(argv)
+    # Compile times are measured here: JAX's persistent cache (JAX_COMPILATION_CACHE_DIR in the caller's
+    # environment) would hand back an executable compiled earlier, in milliseconds.
+    jax.config.update("jax_enable_compilation_cache", False)
     names = [n for n in args.models.split(",") if n]
     if unknown := [n for n in names if n not in MODELS]:
         p.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(MODELS)}")

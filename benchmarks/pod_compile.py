@@ -98,6 +98,9 @@ def main(argv: list[str]) -> None:
     p.add_argument("--json_out",
                    default=str(Path(__file__).resolve().parent / "results" / "pod_compile.json"))
     args = p.parse_args(argv)
+    # Compile times are measured here: JAX's persistent cache (JAX_COMPILATION_CACHE_DIR in the caller's
+    # environment) would hand back an executable compiled earlier, in milliseconds.
+    jax.config.update("jax_enable_compilation_cache", False)
     config = load_config(args.config)
     devices = aot.topology_devices(config.system.topology, config.system.chips_per_host_bounds,
                                    config.system.num_slices)

@@ -263,6 +263,9 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     if args.baseline and args.model != "resnet50":
         raise SystemExit("--baseline compares ResNet-50 steps; use --model=resnet50.")
+    # Compile times are measured here: JAX's persistent cache (JAX_COMPILATION_CACHE_DIR in the caller's
+    # environment) would hand back an executable compiled earlier, in milliseconds.
+    jax.config.update("jax_enable_compilation_cache", False)
     kept = False
     if args.keep_freed_memory and xla_flags.detect_backend() == "cpu":  # As the training entry point.
         jax.config.update("jax_cpu_enable_async_dispatch", False)  # Before the backend starts.

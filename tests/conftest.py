@@ -8,6 +8,29 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+
+def _share_one_compilation_cache() -> None:
+    """One persistent compilation cache for the whole suite: its in-process runs and every process it launches
+    (the environment carries it) load a program compiled once instead of compiling it again: a tiny run's
+    launch, most of which was compiling, takes less than half as long. The first conftest to load (pytest's
+    main process, before xdist starts its workers) makes the folder. A maximum size turns on JAX's file lock
+    (filelock), so that the two workers and the processes of one job never read an entry half written.
+    Launches that measure compiling (the benchmarks; the CLI uses its workdir's cache) turn it off."""
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:  # Set by the main process, or by whoever runs the suite.
+        return
+    import atexit
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="resnet_scaling-tests-compilation-cache-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    os.environ.update({"JAX_COMPILATION_CACHE_DIR": folder, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                       "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+                       "JAX_COMPILATION_CACHE_MAX_SIZE": str(8 * 2**30)})
+
+
+_share_one_compilation_cache()
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
