@@ -134,10 +134,45 @@ def _fake_gcs_server_binary() -> str:
         _unavailable(f"no fake-gcs-server binary for this platform ({e})")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((_HOST, 0))
-        return s.getsockname()[1]
+def _listening_ports(pid: int) -> list[int]:
+    """The TCP ports process `pid` listens on, as the OS reports them (its own log says ":0" when started
+    with `-port 0`): Linux from /proc, elsewhere from lsof (macOS has it)."""
+    if os.path.isdir(f"/proc/{pid}/fd"):
+        inodes = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):  # closed meanwhile
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[len("socket:["):-1])
+        ports = []
+        for table in ("tcp", "tcp6"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/net/{table}") as f:
+                for row in f.read().splitlines()[1:]:
+                    fields = row.split()  # sl, local address, remote address, state, ..., inode (10th)
+                    if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                        ports.append(int(fields[1].rsplit(":", 1)[1], 16))
+        return ports
+    lsof = shutil.which("lsof")
+    if not lsof:
+        _unavailable("cannot see which port fake-gcs-server listens on: no /proc and no lsof")
+    result = subprocess.run([lsof, "-a", "-p", str(pid), "-iTCP", "-sTCP:LISTEN", "-P", "-n", "-Fn"],
+                            capture_output=True, text=True, timeout=30)
+    return [int(line.rsplit(":", 1)[1]) for line in result.stdout.splitlines() if line.startswith("n")]
+
+
+def _wait_listening(process: subprocess.Popen, deadline: float, log: str) -> int:
+    """The port `process` (fake-gcs-server started with `-port 0`) bound and listens on."""
+    while True:
+        if process.poll() is not None:
+            with open(log, errors="replace") as f:
+                tail = f.read()[-2000:]
+            raise GcsEmulatorUnavailable(f"fake-gcs-server exited ({process.returncode}): {tail}")
+        ports = _listening_ports(process.pid)
+        if ports:
+            return ports[0]
+        if time.monotonic() > deadline:
+            raise GcsEmulatorUnavailable("fake-gcs-server listened on no port in time")
+        time.sleep(0.05)
 
 
 def _quote(text: str) -> str:
@@ -398,23 +433,21 @@ def _serve_main(binary: str, workdir: str, cert: str, key: str, startup_timeout:
     deadline = time.monotonic() + startup_timeout
     emulator = None
     try:
-        for attempt in range(3):  # a port picked free may be taken before fake-gcs-server binds it
-            backend_port = _free_port()
-            log = os.path.join(workdir, f"fake-gcs-server.{attempt}.log")
-            with open(log, "wb") as log_file:
-                emulator = subprocess.Popen(  # no other thread runs yet here, so preexec_fn is safe
-                    [binary, "-scheme", "http", "-host", _HOST, "-port", str(backend_port),
-                     "-backend", "memory", "-log-level", "warn", "-external-url", url],
-                    stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                    preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-            try:
-                _wait_ready(emulator, f"http://{_HOST}:{backend_port}", deadline, log)
-                break
-            except GcsEmulatorUnavailable as e:
-                _stop(emulator)
-                if attempt == 2 or time.monotonic() > deadline:
-                    print(f"error {e}".replace("\n", " "), flush=True)
-                    return
+        # `-port 0`: the OS picks a free port as fake-gcs-server binds it, and we read which one back; a port
+        # chosen here and then handed over could be taken by another program in between.
+        log = os.path.join(workdir, "fake-gcs-server.log")
+        with open(log, "wb") as log_file:
+            emulator = subprocess.Popen(  # no other thread runs yet here, so preexec_fn is safe
+                [binary, "-scheme", "http", "-host", _HOST, "-port", "0",
+                 "-backend", "memory", "-log-level", "warn", "-external-url", url],
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        try:
+            backend_port = _wait_listening(emulator, deadline, log)
+            _wait_ready(emulator, f"http://{_HOST}:{backend_port}", deadline, log)
+        except GcsEmulatorUnavailable as e:
+            print(f"error {e}".replace("\n", " "), flush=True)
+            return
         print(f"ready {url}", flush=True)
         while True:
             readable, _, _ = select.select([server, sys.stdin], [], [], 1.0)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import types
 
+import numpy as np
 import pytest
 
 # Compiling needs no TPU: let this process and the command's subprocess both load libtpu.
@@ -61,6 +62,49 @@ def _resnet_tiny_sizes(num_filters: int = 8, num_classes: int = 10) -> tuple[int
     return num_params, 2 * bn_channels, projection_channels
 
 
+def _valid_taps(size: int, kernel: int, stride: int, padding: int) -> tuple[int, int]:
+    """(output size, kernel taps that land inside the input, summed over the output positions) of one
+    spatial axis of a convolution: a tap on the zero padding is no multiply-add, and XLA counts none."""
+    out = (size + 2 * padding - kernel) // stride + 1
+    rows = np.arange(out)[:, None] * stride - padding + np.arange(kernel)[None, :]
+    return out, int(((rows >= 0) & (rows < size)).sum())
+
+
+def _resnet_tiny_train_flops_per_image(num_filters: int = 8, num_classes: int = 10, image_size: int = 32
+                                       ) -> int:
+    """FLOPs of the convolutions and the classifier in one training step, per image, counted from
+    `resnet_tiny`'s architecture (stem 7x7/2 pad 3, 3x3/2 max pool, four basic blocks of 3x3 pad 1 convs,
+    the first of a stage strided, 1x1/2 projections where the width doubles; dense), not from the model.
+
+    Each layer's forward multiply-adds (both axes' in-image taps x channels in x out) recur twice in the
+    backward pass, for the weight and for the input gradient, except the stem's input gradient: nothing
+    needs the gradient of the images. A multiply-add is 2 FLOPs.
+    """
+    def conv(size, channels_in, channels_out, kernel, stride, padding):
+        out, taps = _valid_taps(size, kernel, stride, padding)
+        return out, taps * taps * channels_in * channels_out
+
+    size, stem = conv(image_size, 3, num_filters, 7, 2, 3)
+    size = (size + 2 - 3) // 2 + 1  # 3x3 max pool, stride 2, padding 1
+    macs, width = stem, num_filters
+    for stage in range(4):
+        out, stride = num_filters * 2**stage, 1 if stage == 0 else 2
+        block_size, first = conv(size, width, out, 3, stride, 1)
+        _, second = conv(block_size, out, out, 3, 1, 1)
+        macs += first + second + (conv(size, width, out, 1, stride, 0)[1] if out != width else 0)
+        size, width = block_size, out
+    macs += width * num_classes
+    return 2 * (3 * macs - stem)
+
+
+@pytest.fixture(scope="module")
+def per_device_bn_reports(devices):
+    """Reports of the per-device-BN step at 2 and 4 images per device (global batch 16 and 32)."""
+    return {per_device: aot.build_report(
+        _config(model__bn_group_size=0, training__global_batch_size=8 * per_device), devices, TOPOLOGY)
+        for per_device in (2, 4)}
+
+
 def _config(**overrides):
     config = tiny_config(data__source="synthetic", data__num_train_examples=64, **overrides)
     config.system.device_kind = "TPU v2"
@@ -73,10 +117,10 @@ def test_topology_has_the_devices_of_4_v2_chips(devices):
     assert {d.platform for d in devices} == {"tpu"}
 
 
-def test_per_device_batch_norm_step_communicates_only_gradients_and_bn_statistics(devices):
+def test_per_device_batch_norm_step_communicates_only_gradients_and_bn_statistics(per_device_bn_reports):
     """With per-device BN groups the step's only communication is one all-reduce of every gradient, the
     running BN statistics and the scalar metrics: nothing else crosses devices."""
-    report = aot.build_report(_config(model__bn_group_size=0), devices, TOPOLOGY)
+    report = per_device_bn_reports[2]
     assert report.num_devices == 8 and report.per_device_batch_size == 2 and report.bn_group_size == 2
     num_params, num_batch_stats, projection_channels = _resnet_tiny_sizes()
     assert (report.num_params, report.num_batch_stats) == (num_params, num_batch_stats) == (78_962, 720)
@@ -89,12 +133,53 @@ def test_per_device_batch_norm_step_communicates_only_gradients_and_bn_statistic
                                                  "num_bytes": 4 * expected_elements}}
     assert report.largest_collectives[0]["group_size"] == 8
     assert report.num_slices == 1 and report.collectives_by_slice["cross-slice"]["count"] == 0
-    assert report.memory_bytes["argument"] > 0 and report.memory_bytes["temp"] > 0
-    # The state is donated: the new state is written into the old one's buffers.
-    assert report.memory_bytes["alias"] > 0
     assert report.hbm_bytes_per_device == 8 * 2**30
-    assert report.flops_per_device > 0
     assert report.flops_per_step == pytest.approx(8 * report.flops_per_device)
+
+
+def test_step_flops_are_the_architectures_multiply_adds_per_image_plus_a_few_per_parameter(
+        per_device_bn_reports):
+    """XLA's cost analysis against FLOPs counted from the architecture: what one more image per device
+    costs is its convolutions' and classifier's multiply-adds, forward and backward; the part that does
+    not grow with the batch is the optimizer's update, a few FLOPs per parameter."""
+    per_image = _resnet_tiny_train_flops_per_image()
+    # 420,960 forward multiply-adds, the stem's 106 x 106 in-image taps x 3 x 8 = 269,664 of them:
+    # 2 x (3 x 420,960 - 269,664).
+    assert per_image == 1_986_432
+    flops_2, flops_4 = (per_device_bn_reports[n].flops_per_device for n in (2, 4))
+    # Beside the multiply-adds XLA counts one FLOP per element of the elementwise work (batch norm, ReLU,
+    # pooling, the loss): 7% more here, measured. A forward pass run twice (+33%), a missing input
+    # gradient or each device running more than its share of the batch fall outside the 15% allowed.
+    assert per_image <= (flops_4 - flops_2) / 2 <= 1.15 * per_image
+    # SGD with momentum and weight decay: 6 FLOPs per kernel weight (decay 2, momentum 2, learning rate
+    # 1, apply 1), 4 per other parameter; 7.1 per parameter measured, the BN statistics' averages included.
+    num_params, _, _ = _resnet_tiny_sizes()
+    batch_independent = 2 * flops_2 - flops_4
+    assert 4 * num_params <= batch_independent <= 10 * num_params
+
+
+def test_step_memory_holds_at_least_the_counted_state_batch_and_gradients(per_device_bn_reports):
+    """Memory analysis against bytes counted from the architecture, as lower bounds (the TPU pads narrow
+    arrays to its tiles, so a layout holds more): each device holds the replicated state (float32
+    parameters, their momentum, BN statistics) and its share of the uint8 batch; the donated state is
+    written back in place, so only the batch stays un-aliased."""
+    report = per_device_bn_reports[2]
+    num_params, num_batch_stats, projection_channels = _resnet_tiny_sizes()
+    state_bytes = 4 * (2 * num_params + num_batch_stats)
+    batch_bytes = report.per_device_batch_size * (32 * 32 * 3 + 4)  # uint8 images, int32 labels
+    memory = report.memory_bytes
+    assert memory["argument"] >= state_bytes + batch_bytes
+    assert memory["output"] >= state_bytes + 4 * NUM_SCALAR_METRICS
+    assert state_bytes <= memory["alias"] <= memory["argument"]
+    # Not donated, the state would stay un-aliased: more than one copy of the parameters.
+    assert memory["argument"] - memory["alias"] < 4 * num_params
+    # The one all-reduce's buffer of every gradient is a temporary.
+    all_reduced = num_params + num_batch_stats + NUM_SCALAR_METRICS - projection_channels
+    assert memory["temp"] >= 4 * all_reduced
+    # The larger batch holds more: batch-sized inputs and activations grow, the state does not.
+    larger = per_device_bn_reports[4].memory_bytes
+    assert larger["argument"] > memory["argument"] and larger["temp"] > memory["temp"]
+    assert larger["alias"] == memory["alias"]
 
 
 def test_global_batch_norm_adds_the_backward_statistics(devices):
@@ -112,7 +197,8 @@ def test_global_batch_norm_adds_the_backward_statistics(devices):
 
 
 @pytest.mark.parametrize("topology, num_slices", [(TOPOLOGY, 1), (SLICE_TOPOLOGY, NUM_SLICES)])
-def test_compile_command_prints_the_report_and_writes_json(tmp_path, topology, num_slices):
+def test_compile_command_prints_the_report_and_writes_json(tmp_path, topology, num_slices,
+                                                           per_device_bn_reports):
     out = tmp_path / "report.json"
     config_file = tmp_path / "tiny.py"
     config_file.write_text(
@@ -132,9 +218,18 @@ def test_compile_command_prints_the_report_and_writes_json(tmp_path, topology, n
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["topology"] == topology and report["num_devices"] == 8
-    assert report["memory_bytes"]["total"] > 0 and report["flops_per_device"] > 0
-    assert report["num_slices"] == num_slices
+    assert report["num_slices"] == num_slices and report["per_device_batch_size"] == 2
+    # The architecture's bounds (see the FLOPs test above): 2 images' multiply-adds, at most 15% more
+    # elementwise work and 10 FLOPs per parameter for the update.
+    num_params, num_batch_stats, _ = _resnet_tiny_sizes()
+    per_image = _resnet_tiny_train_flops_per_image()
+    assert 2 * per_image <= report["flops_per_device"] <= 2 * 1.15 * per_image + 10 * num_params
+    assert report["memory_bytes"]["argument"] >= 4 * (2 * num_params + num_batch_stats)
     if num_slices == 1:
+        # The very step compiled in this process (per_device_bn_reports[2]): the same figures.
+        in_process = per_device_bn_reports[2]
+        assert report["flops_per_device"] == in_process.flops_per_device
+        assert report["memory_bytes"] == in_process.memory_bytes
         assert "| all-reduce |" in result.stdout and "8 x TPU v2" in result.stdout
         assert "cross-slice" not in result.stdout
     else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import re
 
 import pytest
 
@@ -32,16 +33,55 @@ def test_config_files_found():
     assert {"default.py", "demo.py"} <= {p.name for p in CONFIG_FILES}
 
 
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+_README_OPTIMIZER = re.compile(r"(SGD|LARS), (\w+) \(([\d.]+), ([\d.]+) ep\)(?:, smoothing ([\d.]+))?")
+
+
+def _readme_config_table() -> dict[str, dict]:
+    """README.md's table of configs, one row per `configs/` file: what a user reads before running one."""
+    rows = {}
+    for line in README.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 8 or not re.fullmatch(r"`\w+\.py`", cells[0]):
+            continue
+        _, _, devices, batch, optimizer, compute, bn_span, steps = cells
+        name, schedule, peak, warmup, smoothing = _README_OPTIMIZER.fullmatch(optimizer).groups()
+        rows[cells[0].strip("`")] = {
+            "devices": -1 if devices == "all" else int(devices), "global_batch_size": int(batch),
+            "optimizer": name.lower(), "schedule": schedule, "peak_learning_rate": peak,
+            "warmup_epochs": float(warmup), "label_smoothing": float(smoothing or 0),
+            "compute_dtype": compute.split()[0], "bn_span": bn_span, "steps": int(steps.replace(",", ""))}
+    return rows
+
+
+def test_the_readme_table_lists_every_config_file():
+    assert set(_readme_config_table()) == {p.name for p in CONFIG_FILES}
+
+
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.stem)
-def test_config_file_validates(path):
+def test_config_file_validates_and_is_what_the_readme_table_says(path):
     config = _load_config_module(path).get_config()
     validate(config)
     # The system's own device count when the config pins one, else a power of two any config runs on.
     num_devices = config.mesh.num_devices if config.mesh.num_devices > 0 else 4
     validate(config, num_devices=num_devices)
     plan = derive(config, config.data.num_train_examples, num_devices=num_devices)
-    assert plan.total_steps >= 1
-    assert plan.steps_per_epoch >= 1
+    row = _readme_config_table()[path.name]
+    assert plan.total_steps == row["steps"]
+    assert (config.mesh.num_devices, plan.global_batch_size) == (row["devices"], row["global_batch_size"])
+    assert (config.optimizer.name, config.schedule.name) == (row["optimizer"], row["schedule"])
+    # The table rounds the peak learning rate (0.975 shows as 0.98): within half its last digit.
+    decimals = len(row["peak_learning_rate"].partition(".")[2])
+    assert plan.peak_learning_rate == pytest.approx(float(row["peak_learning_rate"]),
+                                                    abs=0.5 * 10**-decimals + 1e-12)
+    assert config.schedule.warmup_epochs == row["warmup_epochs"]
+    assert config.training.label_smoothing == row["label_smoothing"]
+    assert config.model.compute_dtype == row["compute_dtype"]
+    # "global": the whole batch (-1); "per GPU", "per core", "per chip": each device's images (0);
+    # "N images": groups of N.
+    span = row["bn_span"]
+    expected_group = -1 if span == "global" else 0 if span.startswith("per ") else int(span.split()[0])
+    assert config.model.bn_group_size == expected_group
 
 
 def test_base_config_validates_on_a_pod_slice():
@@ -332,19 +372,24 @@ def test_config_error_is_a_value_error():
 
 # --------------------------------------------------------------------------- the case study's systems
 
-# docs/case_study.md's table: config -> (cores, global batch, train steps, 1-epoch warm-up steps, optimizer).
+# docs/case_study.md's table: config -> (cores, global batch, train steps, 1-epoch warm-up steps, optimizer),
+# with the recipe's (peak learning rate, warm-up epochs): Goyal et al.'s 0.1 x batch / 256 over 5 epochs
+# below 16k images per step; above, the LARS table of tensorflow/tpu's models/official/resnet/lars_util.py
+# (poly_rate_schedule, commit 61dbdbc1714d): batch < 16384: 10.0 over 5 epochs, < 32768: 25.0 over 5,
+# < 65536: 32.0 over 14, else 35.6 over 40.
 CASE_STUDY_TPU_CONFIGS = {
-    "tpu_v2_8": (8, 1024, 113_854, 1_251, "sgd"),
-    "tpu_v2_32": (32, 4096, 28_464, 313, "sgd"),
-    "tpu_v2_128": (128, 16_384, 7_116, 78, "lars"),
-    "tpu_v2_256": (256, 32_768, 3_558, 39, "lars"),
-    "pod": (512, 32_768, 3_558, 39, "lars"),
+    "tpu_v2_8": (8, 1024, 113_854, 1_251, "sgd", (0.4, 5.0)),
+    "tpu_v2_32": (32, 4096, 28_464, 313, "sgd", (1.6, 5.0)),
+    "tpu_v2_128": (128, 16_384, 7_116, 78, "lars", (25.0, 5.0)),
+    "tpu_v2_256": (256, 32_768, 3_558, 39, "lars", (32.0, 14.0)),
+    "pod": (512, 32_768, 3_558, 39, "lars", (32.0, 14.0)),
 }
 
 
 @pytest.mark.parametrize("name", sorted(CASE_STUDY_TPU_CONFIGS))
 def test_case_study_tpu_configs_match_the_published_table(name):
-    cores, batch, train_steps, warmup_epoch_steps, optimizer = CASE_STUDY_TPU_CONFIGS[name]
+    cores, batch, train_steps, warmup_epoch_steps, optimizer, (peak, warmup_epochs) = (
+        CASE_STUDY_TPU_CONFIGS[name])
     config = _load_config_module(CONFIGS_DIR / f"{name}.py").get_config()
     validate(config, num_devices=cores)
     plan = derive(config, config_lib.IMAGENET_NUM_TRAIN_EXAMPLES, num_devices=cores)
@@ -354,24 +399,23 @@ def test_case_study_tpu_configs_match_the_published_table(name):
     assert config.model.compute_dtype == "bfloat16"
     assert config.system.device_kind == "TPU v2" and config.system.topology.startswith("v2:")
     assert config.optimizer.name == optimizer
-    if optimizer == "lars":  # the tensorflow/tpu lars_util learning rates, label smoothing 0.1
-        assert (config.optimizer.base_learning_rate, config.schedule.warmup_epochs) == (
-            recipes.lars_learning_rate(batch))
-        assert plan.peak_learning_rate == config.optimizer.base_learning_rate
+    assert plan.peak_learning_rate == pytest.approx(peak, rel=1e-12)
+    assert config.schedule.warmup_epochs == warmup_epochs
+    if optimizer == "lars":  # the tensorflow/tpu reference: polynomial decay to 1e-4, label smoothing 0.1
         assert config.schedule.name == "polynomial" and config.schedule.end_learning_rate == 1e-4
         assert config.training.label_smoothing == 0.1
-    else:  # Goyal et al.: 0.1 x batch / 256
-        assert plan.peak_learning_rate == pytest.approx(0.1 * batch / 256)
+    else:  # Goyal et al.: x0.1 at epochs 30, 60 and 80
+        assert config.schedule.name == "piecewise" and tuple(config.schedule.boundary_epochs) == (30, 60, 80)
         assert config.training.label_smoothing == 0.0
     assert config.optimizer.weight_decay == 1e-4
     # Batch norm over 128 images, as the reference normalised per core (2 cores of a chip on the pod).
     assert plan.bn_group_size == 128
 
 
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # tensorflow/tpu's lars_util table, transcribed above CASE_STUDY_TPU_CONFIGS.
     "batch, expected",
-    [(1024, (10.0, 5.0)), (16_383, (10.0, 5.0)), (16_384, (25.0, 5.0)), (32_768, (32.0, 14.0)),
-     (65_536, (35.6, 40.0))],
+    [(1024, (10.0, 5.0)), (16_383, (10.0, 5.0)), (16_384, (25.0, 5.0)), (32_767, (25.0, 5.0)),
+     (32_768, (32.0, 14.0)), (65_535, (32.0, 14.0)), (65_536, (35.6, 40.0))],
 )
 def test_lars_learning_rate_follows_lars_util(batch, expected):
     assert recipes.lars_learning_rate(batch) == expected

@@ -67,15 +67,19 @@ def test_batches_are_global_uint8_arrays_sharded_over_the_mesh():
 
 
 @pytest.mark.parametrize("num_devices", [1, 8])
-def test_evaluation_counts_every_example_exactly_once(num_devices):
+def test_evaluation_sees_every_example_exactly_once_by_identity(num_devices):
     source = _array_source(num_devices=num_devices)
-    _, _, _, eval_y = random_arrays(num_train=40, num_eval=21)
-    labels, masks = [], []
+    _, _, eval_x, eval_y = random_arrays(num_train=40, num_eval=21)
+    assert len({image.tobytes() for image in eval_x}) == 21  # Random pixels: each image its own identity.
+    images, labels, masks = [], [], []
     for batch in source.eval_batches():
+        images.append(np.asarray(jax.device_get(batch["images"])))
         labels.append(_labels(batch))
         masks.append(np.asarray(jax.device_get(batch["mask"])))
-    labels, masks = np.concatenate(labels), np.concatenate(masks)
+    images, labels, masks = np.concatenate(images), np.concatenate(labels), np.concatenate(masks)
     assert masks.sum() == 21 == source.num_eval_examples  # 3 batches of 8, the last padded by 3.
+    # The real (unmasked) examples are the evaluation split itself, each once and in its order.
+    np.testing.assert_array_equal(images[masks], eval_x)
     np.testing.assert_array_equal(labels[masks], eval_y)
 
 

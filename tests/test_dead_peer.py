@@ -1,20 +1,14 @@
 """A process that dies mid-run: the others stop within a stated time, naming it, and the next launch resumes.
 
-The watchdog's decisions run against a fake key-value store and clock; one end-to-end run kills process 1
-of a 2-process training job with SIGKILL.
+The watchdog's decisions run here against a fake key-value store and clock; the end-to-end run, which kills
+process 1 of a 2-process training job with SIGKILL and resumes it bit for bit, is part of
+tests/test_multiprocess.py's scenario.
 """
-
-import re
-import signal
-import subprocess
-import time
 
 import pytest
 from jax._src import distributed as jax_distributed
 
 from resnet_scaling import distributed
-from tests.helpers import held_port
-from tests.test_checkpointing import REPO, _committed_steps, _run_two_processes, _worker_command, _worker_env
 
 
 class _FakeStore:
@@ -138,61 +132,3 @@ def test_at_exit_the_bound_counts_from_the_dead_peers_last_sign_of_life(monkeypa
     assert slept == [pytest.approx(1004 + distributed.peer_exit_bound_sec(10) - 1011)] == [7]
     assert exits == [1]
     assert capsys.readouterr().err.startswith("error: process 1 of 2 stopped responding")
-
-
-# ------------------------------------------------------------------ real processes
-
-PEER_TIMEOUT_SEC = 10
-OVERRIDES = {"checkpoint__enabled": True, "checkpoint__every_steps": 5, "training__num_train_steps": 30,
-             "training__log_every_steps": 1}
-
-
-def test_a_killed_process_stops_the_other_with_its_name_and_the_next_launch_resumes(tmp_path):
-    workdir = tmp_path / "run"
-    logs = [tmp_path / f"process{i}.log" for i in range(2)]
-    procs = []
-    with held_port(share_with_coordinator=True) as port:  # As _run_two_processes and launch/local.py.
-        coordinator = f"127.0.0.1:{port}"
-        env = {**_worker_env(), "JAX_COORDINATOR_BIND_ADDRESS": coordinator}
-        for i, log in enumerate(logs):
-            with open(log, "w") as out:  # Files, not pipes: see _run_two_processes.
-                procs.append(subprocess.Popen(
-                    _worker_command(workdir, OVERRIDES, num_cpu_devices=2, num_processes=2, process_id=i,
-                                    coordinator=coordinator, peer_timeout_sec=PEER_TIMEOUT_SEC),
-                    env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True))
-        returncode, stopped_after_sec = _kill_process_1_after_a_checkpoint(workdir, procs, logs[0])
-    output = logs[0].read_text()
-    assert returncode == 1, output[-3000:]
-    # The stated bound (14 s for a 10 s timeout), plus a little for the process's own exit.
-    assert stopped_after_sec < distributed.peer_exit_bound_sec(PEER_TIMEOUT_SEC) + 5, stopped_after_sec
-    errors = [line for line in output.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and errors[0] == output.rstrip("\n").splitlines()[-1], output[-3000:]
-    assert re.match(r"error: process 1 of 2 stopped responding \(lost at about step \d+\): no sign of "
-                    r"life for 10 s .* run the same command to resume from the last complete checkpoint",
-                    errors[0])
-    assert "Terminating process" not in output  # JAX's C++ abort did not come first.
-    last_complete = _committed_steps(workdir / "checkpoints")[-1]
-    assert 0 < last_complete < 30
-
-    outputs = _run_two_processes(workdir, OVERRIDES, peer_timeout_sec=PEER_TIMEOUT_SEC)
-    assert all(f"DONE start_step={last_complete} step=30 " in out for out in outputs), outputs[0][-3000:]
-    assert not any("error:" in out for out in outputs)
-
-
-def _kill_process_1_after_a_checkpoint(workdir, procs, log0):
-    """SIGKILLs process 1 once a checkpoint is committed and process 0 has logged step 7; returns process 0's
-    exit status and how long after the kill it exited."""
-    try:
-        deadline = time.monotonic() + 120
-        while not (_committed_steps(workdir / "checkpoints") and "step 7/" in log0.read_text()):
-            assert time.monotonic() < deadline and procs[0].poll() is None, log0.read_text()[-3000:]
-            time.sleep(0.05)
-        procs[1].send_signal(signal.SIGKILL)
-        killed_at = time.monotonic()
-        returncode = procs[0].wait(timeout=distributed.peer_exit_bound_sec(PEER_TIMEOUT_SEC) + 30)
-        return returncode, time.monotonic() - killed_at
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()

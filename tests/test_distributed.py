@@ -109,7 +109,9 @@ def test_wait_for_coordinator_gives_up_after_the_timeout():
         start = time.monotonic()
         with pytest.raises(RuntimeError, match=f"Could not reach the coordinator at {address} within 1 s"):
             distributed.wait_for_coordinator(address, timeout_sec=1, poll_sec=0.2)
-    assert time.monotonic() - start < 5
+    # It gave up: refused connections and 0.2 s polls take well under a second each, however loaded the
+    # machine; a wait that ignored its timeout would still be polling.
+    assert time.monotonic() - start < 60
 
 
 def test_train_fails_fast_and_clearly_when_the_coordinator_is_unreachable(tmp_path):
@@ -139,15 +141,15 @@ def test_launcher_gives_each_process_its_id_and_stops_the_job_when_one_fails(tmp
               " os.environ['RESNET_SCALING_COORDINATOR'], flush=True)\n"
               f"barrier = pathlib.Path({str(tmp_path)!r})\n"
               "(barrier / f'printed_{pid}').touch()\n"
-              "deadline = time.monotonic() + 20\n"
+              "deadline = time.monotonic() + 120\n"
               "while len(list(barrier.glob('printed_*'))) < 3 and time.monotonic() < deadline:\n"
               "    time.sleep(0.05)\n"
-              "sys.exit(3) if pid == 1 else time.sleep(60)\n")
-    start = time.monotonic()
+              "sys.exit(3) if pid == 1 else time.sleep(3600)\n")
+    # Processes 0 and 2 were stopped, not waited for: the launcher returns long before their hour of sleep
+    # (the timeout's margin is for a loaded machine, not a bound on the launcher's speed).
     result = subprocess.run([sys.executable, str(LAUNCHER), "--num_processes=3", "--", sys.executable, "-c",
-                             script], capture_output=True, text=True, timeout=60)
+                             script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 3
-    assert time.monotonic() - start < 30  # processes 0 and 2 were stopped, not waited for
     for i in range(3):
         assert f"[{i}] id {i} of 3 127.0.0.1:" in result.stdout
 
@@ -163,16 +165,17 @@ def test_launcher_cpu_environment_replaces_forced_device_counts():
 # --------------------------------------------------------------------------- 2 processes = 1 process
 
 
-# With XLA's default optimisations (as real runs compile) too, not only the tests' fast compiles: the
-# workers' --xla_optimizations (in-process tests use conftest.py's `xla_optimizations` fixture instead).
-@pytest.mark.parametrize("optimizations", ["off", "default"])
-def test_two_processes_train_to_the_same_parameters_as_one_process_on_4_devices(tmp_path, optimizations):
-    """2 processes x 2 CPU devices (gloo) and 1 process x 4 devices, same global batches, 3 steps."""
+def test_two_processes_train_to_the_same_parameters_as_one_process_on_4_devices(tmp_path):
+    """2 processes x 2 CPU devices (gloo) and 1 process x 4 devices, same global batches, 3 steps.
+
+    Compiled with XLA's default optimisations, as real runs compile (the workers' --xla_optimizations); the
+    tests' fast compiles of the multi-process path are run by tests/test_multiprocess.py.
+    """
     multi, single = tmp_path / "multi", tmp_path / "single"
     # Output goes to files, not pipes: waiting on one run while the other fills an undrained pipe would
     # block it (and, for coupled processes, its peers).
     logs = [tmp_path / "multi.log", tmp_path / "single.log"]
-    worker = [sys.executable, str(WORKER), f"--xla_optimizations={optimizations}"]
+    worker = [sys.executable, str(WORKER), "--xla_optimizations=default"]
     commands = [
         [sys.executable, str(LAUNCHER), "--num_processes=2", "--cpu_devices_per_process=2",
          "--timeout_sec=240", "--", *worker, f"--out={multi}"],
@@ -198,8 +201,9 @@ def test_two_processes_train_to_the_same_parameters_as_one_process_on_4_devices(
     assert "DONE process 0 of 1, 4 devices, step 3" in outputs[1]
     reference = np.load(single / "variables_0.npz")
     assert any("batch_stats" in k for k in reference) and len(reference) > 20
-    # Measured largest differences, fast compiles / default optimisations: parameters 7.5e-9 / 7.5e-9, BN
-    # statistics 4.8e-7 / 1.2e-7.
+    # Not bit for bit: gloo sums across processes in another order than one process does. Measured largest
+    # differences, fast compiles / default optimisations: parameters 7.5e-9 / 7.5e-9, BN statistics
+    # 4.8e-7 / 1.2e-7.
     for process in (0, 1):
         variables = np.load(multi / f"variables_{process}.npz")
         assert set(variables) == set(reference)

@@ -1,5 +1,8 @@
 """The metrics package: time-to-accuracy, steady-state throughput, utilisation, summary.json."""
 
+import collections
+import contextlib
+import dataclasses
 import json
 import sys
 import time
@@ -7,7 +10,7 @@ import time
 import jax
 import pytest
 
-from resnet_scaling import checkpointing, metrics, trainer
+from resnet_scaling import checkpointing, metrics, trainer, training_setup
 from resnet_scaling import config as config_lib
 from resnet_scaling import plan as plan_lib
 from tests.helpers import random_arrays, tiny_config
@@ -195,18 +198,149 @@ SUMMARY_KEYS = {
                 "checkpointing_sec", "recomputed_steps_sec", "restart_gaps_sec", "other_sec"},
 }
 EVAL_SLEEP_SEC = 0.5
+STEP_SLEEP_SEC = 0.1
 
 
-def _scripted_evaluate(monkeypatch, top1_sequence):
-    """Each evaluation runs for real, then sleeps and reports the next scripted top-1."""
-    real_evaluate, scripted = trainer.evaluate, iter(top1_sequence)
+@dataclasses.dataclass
+class InjectedDelays:
+    """Known sleeps, each in one cause of a run's time, and what the test measured around them.
+
+    `measured[cause]` holds, per occurrence, the seconds the patched call took (its sleep and the real work
+    it wraps), timed inside the library's own timing of that cause: the library's figure for the cause can
+    only be larger. Every other cause is timed elsewhere, so a sleep found in another cause's figure was
+    booked in the wrong place.
+    """
+
+    setup_sec: float = 0.0  # In `training_setup.setup`: initialisation.
+    compile_sec: float = 0.0  # In compiling the train step, inside `compile_train_step`'s timing.
+    step_sec: float = 0.0  # On the host before each train step: training.
+    input_sec: float = 0.0  # In `next(batches)` from each launch's second batch on: input waiting.
+    eval_sec: float = 0.0  # In each `trainer.evaluate`.
+    save_sec: float = 0.0  # In each `Checkpointer.save`.
+    eval_top1: list[float] | None = None  # The top-1 each evaluation reports, in turn (default: its own).
+    measured: dict[str, list[float]] = dataclasses.field(
+        default_factory=lambda: collections.defaultdict(list))
+    images: list[int] = dataclasses.field(default_factory=list)  # Images each train step was given.
+    step_walls: list[float] = dataclasses.field(default_factory=list)  # time.time() as each step began.
+    setup_walls: list[float] = dataclasses.field(default_factory=list)  # time.time() as each set-up began.
+    # time.time() as each goodput record began (the record reads the time itself after that).
+    record_walls: list[float] = dataclasses.field(default_factory=list)
+    # Each launch's training loop: perf_counter() before its clocks started, time.time() after.
+    loop_starts: list[float] = dataclasses.field(default_factory=list)
+    loop_start_walls: list[float] = dataclasses.field(default_factory=list)
+
+    def total(self, cause: str) -> float:
+        return sum(self.measured[cause])
+
+    @contextlib.contextmanager
+    def timing(self, cause: str):
+        start = time.perf_counter()
+        yield
+        self.measured[cause].append(time.perf_counter() - start)
+
+
+class _SlowToCompile:
+    """The jitted train step: compiling it sleeps, and the program it compiles to sleeps before each step."""
+
+    def __init__(self, jitted, delays: InjectedDelays):
+        self._jitted, self._delays = jitted, delays
+
+    def __getattr__(self, name):
+        return getattr(self._jitted, name)
+
+    def lower(self, *args, **kwargs):
+        delays, start = self._delays, time.perf_counter()
+        lowered = self._jitted.lower(*args, **kwargs)
+
+        class Lowered:
+            def compile(self):
+                time.sleep(delays.compile_sec)
+                compiled = lowered.compile()
+                delays.measured["compile"].append(time.perf_counter() - start)  # Lowering included.
+                return _SlowSteps(compiled, delays)
+
+        return Lowered()
+
+
+class _SlowSteps:
+    """A compiled train step that sleeps on the host before each step and counts the images it is given."""
+
+    def __init__(self, compiled, delays: InjectedDelays):
+        self._compiled, self._delays = compiled, delays
+
+    def __getattr__(self, name):  # cost_analysis(), memory_analysis(): the real program's.
+        return getattr(self._compiled, name)
+
+    def __call__(self, state, batch):
+        self._delays.step_walls.append(time.time())
+        self._delays.images.append(int(batch["images"].shape[0]))
+        with self._delays.timing("step"):
+            time.sleep(self._delays.step_sec)
+            return self._compiled(state, batch)
+
+
+class _SlowInput:
+    """A data source whose training batches, from the second of each stream on, come after a sleep."""
+
+    def __init__(self, source, delays: InjectedDelays):
+        self._source, self._delays = source, delays
+
+    def __getattr__(self, name):
+        return getattr(self._source, name)
+
+    def train_batches(self, start_step: int = 0):
+        batches = iter(self._source.train_batches(start_step=start_step))
+        yield next(batches)  # Fetched before compiling: set-up, not input waiting.
+        while True:
+            with self._delays.timing("input"):
+                time.sleep(self._delays.input_sec)
+                batch = next(batches)
+            yield batch
+
+
+def inject_delays(monkeypatch, **settings) -> InjectedDelays:
+    """Patches the trainer's set-up, compilation, steps, input, evaluation and saves to sleep as
+    `InjectedDelays(**settings)` says, timing each; returns it."""
+    delays = InjectedDelays(**settings)
+    scripted_top1 = iter(delays.eval_top1) if delays.eval_top1 is not None else None
+    real_setup, real_evaluate = training_setup.setup, trainer.evaluate
+    real_save, real_start = checkpointing.Checkpointer.save, metrics.RunClock.start
+    real_record = metrics.GoodputRecorder.record
+
+    def setup(*args, **kwargs):
+        delays.setup_walls.append(time.time())
+        with delays.timing("setup"):
+            time.sleep(delays.setup_sec)
+            run = real_setup(*args, **kwargs)
+        return dataclasses.replace(run, train_step=_SlowToCompile(run.train_step, delays),
+                                   source=_SlowInput(run.source, delays))
 
     def evaluate(*args):
-        result = real_evaluate(*args)
-        time.sleep(EVAL_SLEEP_SEC)  # A slow evaluation: must stay off the training clock.
-        return {**result, "eval_top1": next(scripted)}
+        with delays.timing("eval"):
+            result = real_evaluate(*args)
+            time.sleep(delays.eval_sec)
+        return result if scripted_top1 is None else {**result, "eval_top1": next(scripted_top1)}
 
+    def save(self, *args):
+        with delays.timing("save"):
+            time.sleep(delays.save_sec)
+            return real_save(self, *args)
+
+    def start(self, *args, **kwargs):
+        delays.loop_starts.append(time.perf_counter())
+        real_start(self, *args, **kwargs)
+        delays.loop_start_walls.append(time.time())
+
+    def record(self, *args, **kwargs):
+        delays.record_walls.append(time.time())
+        real_record(self, *args, **kwargs)
+
+    monkeypatch.setattr(training_setup, "setup", setup)
     monkeypatch.setattr(trainer, "evaluate", evaluate)
+    monkeypatch.setattr(checkpointing.Checkpointer, "save", save)
+    monkeypatch.setattr(metrics.RunClock, "start", start)
+    monkeypatch.setattr(metrics.GoodputRecorder, "record", record)
+    return delays
 
 
 def _tiny_timed_config():
@@ -217,11 +351,15 @@ def _tiny_timed_config():
 
 
 def test_summary_json_schema_and_clocks_from_a_tiny_run(tmp_path, monkeypatch):
-    _scripted_evaluate(monkeypatch, [0.5, 0.77, 0.8])
+    delays = inject_delays(monkeypatch, step_sec=STEP_SLEEP_SEC, eval_sec=EVAL_SLEEP_SEC,
+                           eval_top1=[0.5, 0.77, 0.8])
     config = _tiny_timed_config()
     start = time.perf_counter()
     result = trainer.train_and_evaluate(config, str(tmp_path), arrays=random_arrays())
-    test_wall_sec = time.perf_counter() - start  # Measured here, apart from the trainer's clocks.
+    end = time.perf_counter()
+    test_wall_sec = end - start  # Measured here, apart from the trainer's clocks.
+    # The training loop's seconds as this test measured them, less the evaluations' (off the training clock).
+    loop_train_sec = end - delays.loop_starts[0] - delays.total("eval")
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary == json.loads(json.dumps(result.summary))
 
@@ -238,19 +376,32 @@ def test_summary_json_schema_and_clocks_from_a_tiny_run(tmp_path, monkeypatch):
     assert run["timing_warmup_steps"] == 1 and not run["preempted"]
     # Steady state: steps 2-6 after the 1-step warm-up; intervals 3-4 and 5-6 (1-2 holds the warm-up).
     assert thr["steady_state_steps"] == 5
-    assert thr["images_per_sec"] == pytest.approx(5 * 16 / thr["steady_state_sec"])
+    # Images/sec against the images the steps were given (counted by the test) and the injected step time:
+    # each of steps 2-6 slept STEP_SLEEP_SEC on the training clock, so the seconds their images imply at
+    # that rate are at least 5 sleeps, and at most the training loop's time as this test measured it.
+    assert delays.images == [16] * 6
+    assert 5 * STEP_SLEEP_SEC <= sum(delays.images[1:]) / thr["images_per_sec"] <= loop_train_sec
     # The timed seconds hold the log intervals wholly after the warm-up (and part of steps 1-2), within
     # the run's time as this test measured it.
     interval_sec = {r["step"]: 2 * r["sec_per_step"] for r in result.train_history}
     assert sorted(interval_sec) == [2, 4, 6]
     assert (interval_sec[4] + interval_sec[6]) * (1 - 1e-9) <= thr["steady_state_sec"] <= test_wall_sec
+    # Each log interval's figures, likewise: at least its steps' sleeps; together, within the loop's time.
+    first_step, implied_sec = 1, 0.0
     for record in result.train_history:
-        assert record["images_per_sec"] == pytest.approx(16 / record["sec_per_step"])
+        steps = record["step"] - first_step + 1
+        assert record["sec_per_step"] >= STEP_SLEEP_SEC, record
+        interval_images = sum(delays.images[first_step - 1:record["step"]])
+        assert interval_images / record["images_per_sec"] >= steps * STEP_SLEEP_SEC, record
+        implied_sec += interval_images / record["images_per_sec"]
+        first_step = record["step"] + 1
+    assert sum(2 * r["sec_per_step"] for r in result.train_history) <= loop_train_sec
+    assert implied_sec <= loop_train_sec
     assert thr["images_per_sec_per_device"] == pytest.approx(thr["images_per_sec"] / 8)
     assert thr["step_time_sec_p50"] <= thr["step_time_sec_p90"] <= thr["step_time_sec_p99"]
     assert 0.0 <= thr["input_wait_fraction"] < 1.0
     # Evaluation (3 x the sleep) is off the training clock, but on the loop's wall clock.
-    assert clk["eval_sec"] >= 3 * EVAL_SLEEP_SEC
+    assert clk["eval_sec"] >= delays.total("eval") >= 3 * EVAL_SLEEP_SEC
     assert clk["train_sec"] <= clk["wall_sec"] - clk["eval_sec"] + 0.05
     assert thr["steady_state_sec"] < clk["train_sec"]
     assert 0 < clk["compile_sec"] and clk["compile_sec"] + clk["wall_sec"] <= test_wall_sec
@@ -269,14 +420,18 @@ def test_summary_json_schema_and_clocks_from_a_tiny_run(tmp_path, monkeypatch):
 def test_summary_totals_and_time_to_accuracy_survive_a_preemption_and_resume(tmp_path, monkeypatch):
     config = _tiny_timed_config()
     config.checkpoint.enabled, config.checkpoint.every_steps, config.checkpoint.async_save = True, 2, False
-    _scripted_evaluate(monkeypatch, [0.77, 0.5, 0.8])  # Evaluations at steps 2 (reaches 0.76), 4, 6.
+    # Evaluations at steps 2 (reaches 0.76), 4, 6.
+    delays = inject_delays(monkeypatch, step_sec=STEP_SLEEP_SEC, eval_sec=EVAL_SLEEP_SEC,
+                           eval_top1=[0.77, 0.5, 0.8])
     monkeypatch.setattr(checkpointing.PreemptionWatcher, "reached", lambda self, step: step == 3)
     first = trainer.train_and_evaluate(config, str(tmp_path), arrays=random_arrays()).summary
+    first_end = time.perf_counter()
     assert first["run"]["preempted"] and first["run"]["final_step"] == 3
     assert first["accuracy"]["steps_to_accuracy"] == 2
     monkeypatch.setattr(checkpointing.PreemptionWatcher, "reached", lambda self, step: False)
 
     trainer.train_and_evaluate(config, str(tmp_path), arrays=random_arrays())
+    second_end = time.perf_counter()
     final = metrics.read_summary(str(tmp_path))
     assert metrics.check_summary(final) == []
     assert final["run"]["start_step"] == 3 and final["run"]["final_step"] == 6
@@ -291,7 +446,12 @@ def test_summary_totals_and_time_to_accuracy_survive_a_preemption_and_resume(tmp
     # The steady state spans both launches: steps 2-6 over their timed seconds together.
     thr = final["throughput"]
     assert thr["steady_state_steps"] == 5
-    assert thr["images_per_sec"] == pytest.approx(5 * 16 / thr["steady_state_sec"])
+    # At the steady rate, the images of steps 2-6 (2-3 in the first launch, 4-6 in the second) take at
+    # least their injected step sleeps, and at most both training loops' time as this test measured it.
+    assert delays.images == [16] * 6 and len(delays.loop_starts) == 2
+    loops_train_sec = (first_end - delays.loop_starts[0] + second_end - delays.loop_starts[1]
+                       - delays.total("eval"))
+    assert 5 * STEP_SLEEP_SEC <= sum(delays.images[1:]) / thr["images_per_sec"] <= loops_train_sec
     assert first["throughput"]["steady_state_sec"] < thr["steady_state_sec"] < final["time"]["train_sec"]
 
 

@@ -2,21 +2,85 @@
 
 python tests/train_worker.py --workdir=DIR --overrides='{"training__num_train_steps": 8}'
     [--num_cpu_devices=2 --num_processes=2 --process_id=0 --coordinator=127.0.0.1:PORT]
-    [--peer_timeout_sec=10]
+    [--peer_timeout_sec=10] [--best_every_eval] [--num_eval=17 --record_eval=DIR]
+    [--hold_at_step=6 --hold_dir=DIR]
 """
 
 import argparse
 import json
 import logging
 import os
+import pathlib
 import sys
+import time
 
 import jax
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from resnet_scaling import checkpointing, distributed, trainer  # noqa: E402
+from resnet_scaling import checkpointing, distributed, mesh, trainer  # noqa: E402
 from tests.helpers import random_arrays, tiny_config  # noqa: E402
+
+
+def worker_arrays(num_eval: int = 20, stamp_ids: bool = False):
+    """The worker's (train images, train labels, eval images, eval labels); with `stamp_ids`, evaluation
+    image i carries i in its first pixel's red value, so that what a process feeds can be told apart."""
+    train_x, train_y, eval_x, eval_y = random_arrays(num_train=96, num_eval=num_eval)
+    if stamp_ids:
+        assert num_eval <= 256, "an id must fit in one uint8"
+        eval_x[:, 0, 0, 0] = np.arange(num_eval)
+    return train_x, train_y, eval_x, eval_y
+
+
+def record_evaluations(path: pathlib.Path) -> None:
+    """Appends one JSON line per evaluation to `path`: the train step, the ids of the images this process
+    fed unmasked, how many padding rows it fed, and the metrics the evaluation returned."""
+    fed, padding = [], [0]
+    to_global = mesh.host_local_to_global  # What every source builds a global batch with.
+
+    def recording_to_global(batch, m):
+        if "mask" in batch:  # Evaluation batches only: training batches have no mask.
+            mask = np.asarray(batch["mask"])
+            fed.extend(int(i) for i in np.asarray(batch["images"])[mask, 0, 0, 0])
+            padding[0] += int((~mask).sum())
+        return to_global(batch, m)
+
+    real_evaluate = trainer.evaluate
+
+    def recording_evaluate(eval_step_fn, state, source):
+        fed.clear()
+        padding[0] = 0
+        metrics = real_evaluate(eval_step_fn, state, source)
+        record = {"step": int(state.step), "ids": fed, "padding": padding[0], **metrics}
+        with open(path, "a") as out:
+            out.write(json.dumps(record) + "\n")
+        return metrics
+
+    mesh.host_local_to_global = recording_to_global
+    trainer.evaluate = recording_evaluate
+
+
+def hold_at(step_at_least: int, hold_dir: pathlib.Path) -> None:
+    """At the first logged step >= `step_at_least`, writes HOLD_DIR/held-<process> (holding the step) and
+    waits until HOLD_DIR/release-<process> exists: a test sends its signal at a known step, however late it
+    reads the log. Background work (asynchronous saves) goes on meanwhile."""
+    report = distributed.report_progress  # The trainer calls it at every logged step, on every process.
+    held = []
+
+    def report_and_hold(step, checkpoint_step=None):
+        report(step, checkpoint_step)
+        if held or step < step_at_least:
+            return
+        held.append(step)
+        index = jax.process_index()
+        marker = hold_dir / f"held-{index}"
+        marker.with_suffix(".tmp").write_text(str(step))
+        marker.with_suffix(".tmp").rename(marker)  # Never seen half written.
+        while not (hold_dir / f"release-{index}").exists():
+            time.sleep(0.05)
+
+    distributed.report_progress = report_and_hold
 
 
 def main() -> None:
@@ -32,6 +96,12 @@ def main() -> None:
     parser.add_argument("--peer_timeout_sec", type=float, default=None,
                         help="Join through resnet_scaling.distributed, as train.py does, with its peer "
                              "watchdog and this timeout (default: plain jax.distributed.initialize).")
+    parser.add_argument("--num_eval", type=int, default=20, help="Evaluation images.")
+    parser.add_argument("--record_eval", default="",
+                        help="Directory: stamp ids into the evaluation images and record, in "
+                             "eval-<process>.jsonl, which ones each evaluation of this process fed.")
+    parser.add_argument("--hold_at_step", type=int, default=0, help="See `hold_at` (0: never).")
+    parser.add_argument("--hold_dir", default="")
     args = parser.parse_args()
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s", force=True)
@@ -55,8 +125,13 @@ def main() -> None:
             return save_best(self, *a, **k)
 
         checkpointing.Checkpointer.save_best = save_every_eval
+    if args.record_eval:
+        record_evaluations(pathlib.Path(args.record_eval) / f"eval-{jax.process_index()}.jsonl")
+    if args.hold_at_step:
+        hold_at(args.hold_at_step, pathlib.Path(args.hold_dir))
     config = tiny_config(**json.loads(args.overrides))
-    result = trainer.train_and_evaluate(config, args.workdir, arrays=random_arrays(num_train=96))
+    arrays = worker_arrays(args.num_eval, stamp_ids=bool(args.record_eval))
+    result = trainer.train_and_evaluate(config, args.workdir, arrays=arrays)
     print(f"DONE start_step={result.start_step} step={int(result.state.step)} "
           f"preempted={result.preempted}", flush=True)
 
