@@ -11,8 +11,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 def _share_one_compilation_cache() -> None:
     """One persistent compilation cache for every process the suite launches (the environment carries it):
-    a launch loads a program an earlier one compiled instead of compiling it again (a tiny run's launch,
-    most of which was compiling, took less than half as long). The first conftest to load (pytest's main
+    a launch loads a program an earlier one compiled instead of compiling it again (most of a tiny run's
+    launch is compiling). The first conftest to load (pytest's main
     process, before xdist starts its workers) makes the folder. A maximum size turns on JAX's file lock
     (filelock), so that the two workers' launches and the processes of one job never read an entry half
     written. Launches that measure compiling turn it off (the benchmarks) or use their own (the CLI's
@@ -35,8 +35,8 @@ _share_one_compilation_cache()
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-# In the test processes, writing every small program they compile to the cache cost more than the few hits
-# saved (a file of lowering tests: 16 s without it, 23 s with it).
+# In the test processes, writing every small program they compile to the cache costs more than the few hits
+# save: they compile many small programs, each once.
 jax.config.update("jax_compilation_cache_dir", None)
 
 
