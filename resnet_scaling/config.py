@@ -22,7 +22,7 @@ from ml_collections.config_dict import placeholder
 
 from resnet_scaling.data import DATA_SOURCES, RESIZE_METHODS
 from resnet_scaling.models import COMPUTE_DTYPES, LOWERINGS, MODEL_NAMES
-from resnet_scaling.optim import OPTIMIZERS, SCHEDULES
+from resnet_scaling.optim import LARS_VARIANTS, OPTIMIZERS, SCHEDULES, WEIGHT_DECAY_LEAVES
 from resnet_scaling.plan import DURATIONS, LR_SCALINGS, TRAINING_LENGTH, ConfigError, set_duration_field
 
 __all__ = ["IMAGENET_MEAN_RGB", "IMAGENET_NUM_EVAL_EXAMPLES", "IMAGENET_NUM_TRAIN_EXAMPLES",
@@ -148,11 +148,20 @@ def get_base_config() -> ml_collections.ConfigDict:
     config.training.compilation_cache_dir = "{workdir}/compilation_cache"
 
     config.optimizer = ml_collections.ConfigDict()
-    config.optimizer.name = "sgd"  # "sgd" (momentum) or "lars".
+    # "sgd" (momentum), "lars" (optim.lars, as TensorFlow and MLPerf define it) or "optax_lars" (optax.lars,
+    # whose trust ratio is eta * |w| / |g + wd * w|).
+    config.optimizer.name = "sgd"
     config.optimizer.momentum = 0.9  # Momentum of SGD and LARS.
     config.optimizer.nesterov = False  # Nesterov momentum (SGD and LARS).
-    config.optimizer.weight_decay = 1e-4  # L2 on conv and dense kernels only (not BN, not biases).
+    config.optimizer.weight_decay = 1e-4  # L2 coefficient.
+    # Where weight decay applies: "kernels" (conv and dense kernels) or "non_batchnorm" (kernels and biases,
+    # as tensorflow/tpu's L2 loss and Goyal et al.); never batch-norm parameters.
+    config.optimizer.weight_decay_on = "kernels"
     config.optimizer.lars_trust_coefficient = 0.001  # LARS eta; trust ratios skip BN params and biases.
+    config.optimizer.lars_epsilon = 0.0  # Added to the LARS trust ratio's denominator.
+    # "reference" (TensorFlow >= 1.13, MLPerf, flax.optim.LARS) or "tf1.12" (the LARSOptimizer of
+    # TensorFlow 1.12.0, which the case study ran): see optim.py.
+    config.optimizer.lars_variant = "reference"
     # Peak learning rate = base_learning_rate * global_batch_size / lr_reference_batch_size with
     # lr_scaling "linear" (Goyal et al.), or base_learning_rate itself with "none" (LARS recipes).
     config.optimizer.base_learning_rate = 0.1
@@ -316,6 +325,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     _require_choice(config.data.source, "data.source", DATA_SOURCES)
     _validate_input_pipeline(config.data)
     _require_choice(config.optimizer.name, "optimizer.name", OPTIMIZERS)
+    _require_choice(config.optimizer.lars_variant, "optimizer.lars_variant", LARS_VARIANTS)
+    _require_choice(config.optimizer.weight_decay_on, "optimizer.weight_decay_on", WEIGHT_DECAY_LEAVES)
     _require_choice(config.optimizer.lr_scaling, "optimizer.lr_scaling", LR_SCALINGS)
     _require_choice(config.schedule.name, "schedule.name", SCHEDULES)
     for field in (
@@ -360,6 +371,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     _require(0.0 < target <= 1.0, "eval.target_top1",
              f"must lie in (0, 1] (0.76 the case study's, 0.759 MLPerf's), got {target}.")
     _require(config.optimizer.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0.")
+    _require(config.optimizer.lars_epsilon >= 0, "optimizer.lars_epsilon", "must be >= 0.")
     _require(0.0 <= config.optimizer.momentum < 1.0, "optimizer.momentum", "must lie in [0, 1).")
     _require(config.schedule.end_learning_rate >= 0, "schedule.end_learning_rate", "must be >= 0.")
     _require(config.schedule.decay_factor > 0, "schedule.decay_factor", "must be positive (0.1 decays 10x).")

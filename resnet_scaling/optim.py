@@ -1,22 +1,45 @@
-"""Optimizers, learning-rate schedules, weight-decay masks and loss scaling, all from optax and flax.
+"""Optimizers, learning-rate schedules, weight-decay masks and loss scaling, on optax and flax.
 
-Weight decay and LARS trust ratios apply to convolution and dense kernels only: batch-norm scales and
-offsets and the classifier bias are left alone (Goyal et al. 2017; the MLPerf LARS reference).
+LARS is written here as an optax `GradientTransformation`, as its references define it (optax's own
+`optax.lars` computes its trust ratio differently and stays available as "optax_lars"):
+
+- "reference": TensorFlow's `tf.contrib.opt.LARSOptimizer` from 1.13 on (r1.15:
+  tensorflow/contrib/opt/python/training/lars_optimizer.py), tensorflow/tpu's
+  models/official/efficientnet/lars_optimizer.py, MLPerf's reference
+  (mlcommons/training image_classification/tensorflow2/lars_optimizer.py) and `flax.optim.LARS`: the
+  trust ratio `eta * |w| / (|g| + wd * |w| + eps)` on the raw gradient, then `g + wd * w`, scaled by the
+  layer's learning rate inside the momentum accumulator.
+- "tf1.12": the `LARSOptimizer` TensorFlow 1.12.0 shipped (the release tensorflow/tpu's r1.12 branch ran
+  on): weight decay comes from the loss (`wd * l2_loss` of every non-batch-norm variable, in
+  tensorflow/tpu r1.12 resnet_main.py), so the trust ratio sees `g + wd * w`; the optimizer adds no decay of
+  its own and TensorFlow's `apply_momentum` multiplies the whole accumulator by the layer's learning rate.
+
+Both skip batch-norm parameters and biases (the references' `skip_list=['batch_normalization', 'bias']`),
+recognised here by leaf kind: trust ratios apply to convolution and dense kernels only.
+
+The learning-rate schedules count steps as the tensorflow/tpu reference does: the epoch is the fractional
+`step * batch / examples`; warm-up rises linearly with it from 0 until the (fractional) warm-up length;
+the decay then counts from the whole step `warmup_epochs * examples // batch`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
+from flax import traverse_util
 from flax.training import dynamic_scale as dynamic_scale_lib
 
 from resnet_scaling.plan import TrainingPlan
 
-# The values `config.optimizer.name` and `config.schedule.name` accept (config.validate reads them).
-OPTIMIZERS = ("sgd", "lars")
+# The values `config.optimizer.name`, `.lars_variant`, `.weight_decay_on` and `config.schedule.name`
+# accept (config.validate reads them).
+OPTIMIZERS = ("sgd", "lars", "optax_lars")
+LARS_VARIANTS = ("reference", "tf1.12")
+WEIGHT_DECAY_LEAVES = ("kernels", "non_batchnorm")
 SCHEDULES = ("cosine", "polynomial", "piecewise", "constant")
 
 
@@ -25,58 +48,188 @@ def kernel_mask(params: Any) -> Any:
     return jax.tree.map(lambda p: p.ndim > 1, params)
 
 
+def non_batchnorm_mask(params: Any) -> Any:
+    """True for every leaf but batch-norm parameters: kernels and biases (the leaves tensorflow/tpu's
+    ResNet puts into its L2 loss). A batch-norm layer is one whose parameters hold a "scale"."""
+    flat = traverse_util.flatten_dict(params)
+    batchnorm_layers = {path[:-1] for path in flat if path[-1] == "scale"}
+    return traverse_util.unflatten_dict({path: path[:-1] not in batchnorm_layers for path in flat})
+
+
+def weight_decay_mask(config: ml_collections.ConfigDict) -> Any:
+    """The mask function `config.optimizer.weight_decay_on` names."""
+    return {"kernels": kernel_mask, "non_batchnorm": non_batchnorm_mask}[config.optimizer.weight_decay_on]
+
+
+class LarsState(NamedTuple):
+    """LARS's state: the step (for the learning-rate schedule) and one momentum buffer per parameter."""
+
+    count: jax.Array
+    momentum: optax.Updates
+
+
+def lars(
+    learning_rate: optax.ScalarOrSchedule,
+    *,
+    weight_decay: float = 1e-4,
+    trust_coefficient: float = 1e-3,
+    momentum: float = 0.9,
+    epsilon: float = 0.0,
+    nesterov: bool = False,
+    variant: str = "reference",
+    trust_ratio_mask: Any = kernel_mask,
+    weight_decay_mask: Any = None,
+) -> optax.GradientTransformation:
+    """Layer-wise Adaptive Rate Scaling (You et al. 2017) as the references compute it (module docstring).
+
+    Args:
+      learning_rate: a float or an optax schedule of the step.
+      weight_decay: L2 coefficient; also the `wd * |w|` term of the trust ratio's denominator.
+      trust_coefficient: eta.
+      momentum: the accumulator's decay.
+      epsilon: added to the trust ratio's denominator.
+      nesterov: Nesterov momentum.
+      variant: "reference" or "tf1.12" (module docstring).
+      trust_ratio_mask: pytree or function of the params: True where a trust ratio applies.
+      weight_decay_mask: where weight decay applies; default: the trust-ratio leaves for "reference" (its
+        decay sits inside the trust-ratio branch), every non-batch-norm leaf for "tf1.12" (its L2 loss).
+
+    Returns:
+      The transformation; its updates are to be added to the params (optax.apply_updates).
+    """
+    if variant not in LARS_VARIANTS:
+        raise ValueError(f"lars: unknown variant {variant!r}; one of {LARS_VARIANTS}.")
+    if weight_decay_mask is None:
+        weight_decay_mask = trust_ratio_mask if variant == "reference" else non_batchnorm_mask
+    schedule = learning_rate if callable(learning_rate) else (lambda _: learning_rate)
+
+    def init_fn(params):
+        return LarsState(count=jnp.zeros([], jnp.int32), momentum=jax.tree.map(jnp.zeros_like, params))
+
+    def update_fn(updates, state, params=None):
+        if params is None:
+            raise ValueError("lars needs the params: tx.update(grads, state, params).")
+        lr = jnp.asarray(schedule(state.count), jnp.float32)
+        trust_leaves = trust_ratio_mask(params) if callable(trust_ratio_mask) else trust_ratio_mask
+        decay_leaves = weight_decay_mask(params) if callable(weight_decay_mask) else weight_decay_mask
+
+        def leaf(g, w, m, trusted, decayed):
+            g = g.astype(jnp.float32)
+            w32 = w.astype(jnp.float32)
+            if variant == "tf1.12" and decayed:  # The L2 loss's gradient, before the trust ratio sees it.
+                g = g + weight_decay * w32
+            scaled_lr = lr
+            if trusted:
+                w_norm = jnp.linalg.norm(w32.ravel())
+                g_norm = jnp.linalg.norm(g.ravel())
+                ratio = trust_coefficient * w_norm / (g_norm + weight_decay * w_norm + epsilon)
+                scaled_lr = lr * jnp.where((w_norm > 0) & (g_norm > 0), ratio, 1.0)
+            if variant == "reference":
+                if decayed:
+                    g = g + weight_decay * w32
+                step = scaled_lr * g
+                new_m = momentum * m + step
+                delta = step + momentum * new_m if nesterov else new_m
+            else:  # tf1.12: TensorFlow's apply_momentum, the learning rate outside the accumulator.
+                new_m = momentum * m + g
+                delta = scaled_lr * (g + momentum * new_m if nesterov else new_m)
+            return (-delta).astype(w.dtype), new_m.astype(m.dtype)
+
+        out = jax.tree.map(leaf, updates, params, state.momentum, trust_leaves, decay_leaves)
+        treedef = jax.tree.structure(updates)
+        pairs = treedef.flatten_up_to(out)
+        new_updates = treedef.unflatten([u for u, _ in pairs])
+        new_momentum = treedef.unflatten([m for _, m in pairs])
+        return new_updates, LarsState(count=optax.safe_int32_increment(state.count), momentum=new_momentum)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def polynomial_decay_steps(plan: TrainingPlan) -> int:
+    """Steps the polynomial decay spans: `train_steps - warmup_steps + 1`, as tensorflow/tpu's lars_util
+    and MLPerf's references count them (its last step so stays just above the end learning rate)."""
+    return plan.total_steps - plan.warmup_steps + 1
+
+
 def create_learning_rate_schedule(
     config: ml_collections.ConfigDict, plan: TrainingPlan
 ) -> optax.Schedule:
     """Linear warm-up from 0 to `plan.peak_learning_rate`, then the decay `config.schedule.name` names.
 
-    - "cosine": cosine decay to `end_learning_rate` at the last step (Goyal et al. variant).
-    - "polynomial": (1 - t)^power decay to `end_learning_rate` (the MLPerf LARS recipe, power 2).
-    - "piecewise": multiply by `decay_factor` at each of `boundary_epochs`.
+    Steps are counted as tensorflow/tpu does (module docstring): warm-up while `step <
+    plan.warmup_exact_steps`, the decay from the whole step `plan.warmup_steps`.
+
+    - "cosine": cosine decay to `end_learning_rate` over `total_steps - warmup_steps`.
+    - "polynomial": (1 - t)^power decay to `end_learning_rate` over `polynomial_decay_steps` (lars_util's
+      `polynomial_decay`, power 2).
+    - "piecewise": multiply by `decay_factor` from each of `boundary_epochs` on (resnet_main.py's
+      `learning_rate_schedule`: the fractional epoch at or past the boundary); a boundary inside the
+      warm-up applies once the warm-up ends, and boundaries on the same epoch compound.
     - "constant": stay at the peak.
     """
     s = config.schedule
     peak = plan.peak_learning_rate
-    warmup = plan.warmup_steps
-    decay_steps = max(1, plan.total_steps - warmup)
+    warmup_length = float(plan.warmup_exact_steps)
+    origin = plan.warmup_steps
+    steps_per_epoch = plan.num_train_examples / plan.global_batch_size
     if s.name == "cosine":
-        decay = optax.cosine_decay_schedule(peak, decay_steps, alpha=s.end_learning_rate / peak)
+        cosine = optax.cosine_decay_schedule(peak, max(1, plan.total_steps - origin),
+                                             alpha=s.end_learning_rate / peak if peak else 0.0)
+        def decay(step):
+            return cosine(step - origin)
     elif s.name == "polynomial":
-        decay = optax.polynomial_schedule(peak, s.end_learning_rate, s.polynomial_power, decay_steps)
+        span = polynomial_decay_steps(plan)
+        def decay(step):
+            # (span - t) / span rather than optax's 1 - t / span: exact in float32 near the end, where the
+            # learning rate is a small difference.
+            remaining = jnp.asarray(span - jnp.clip(step - origin, 0, span), jnp.float32) / span
+            return s.end_learning_rate + (peak - s.end_learning_rate) * remaining ** s.polynomial_power
     elif s.name == "piecewise":
-        # Boundaries are absolute epochs; the decay part of the schedule starts counting after warm-up.
-        # A boundary at or before the end of warm-up applies from the first step after it (the warm-up
-        # itself still ramps to the peak), and boundaries that land on the same step compound.
-        boundaries: dict[int, float] = {}
-        for e in s.boundary_epochs:
-            b = max(0, plan.epochs_to_steps(e) - warmup)
-            boundaries[b] = boundaries.get(b, 1.0) * s.decay_factor
-        decay = optax.piecewise_constant_schedule(peak, boundaries)
+        boundaries = jnp.asarray(sorted(s.boundary_epochs), jnp.float32)
+        def decay(step):
+            epoch = jnp.asarray(step, jnp.float32) / steps_per_epoch
+            return peak * jnp.asarray(s.decay_factor, jnp.float32) ** jnp.sum(epoch >= boundaries)
     elif s.name == "constant":
-        decay = optax.constant_schedule(peak)
+        def decay(step):
+            return jnp.full([], peak, jnp.float32)
     else:
         raise ValueError(f"config.schedule.name: unknown schedule {s.name!r}.")
-    if warmup == 0:
+    if warmup_length <= 0:
         return decay
-    return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
+
+    def schedule(count):
+        step = jnp.asarray(count, jnp.float32)
+        return jnp.where(step < warmup_length, peak * step / warmup_length, decay(count))
+
+    return schedule
 
 
 def create_optimizer(
     config: ml_collections.ConfigDict, learning_rate: optax.Schedule
 ) -> optax.GradientTransformation:
-    """SGD with (Nesterov) momentum and masked L2 weight decay, or LARS, per `config.optimizer`."""
+    """SGD with (Nesterov) momentum and L2 weight decay, or LARS, per `config.optimizer`.
+
+    Weight decay applies to the leaves `optimizer.weight_decay_on` names: "kernels" (the leaves LARS gives a
+    trust ratio; its references decay exactly those) or "non_batchnorm" (kernels and biases: tensorflow/
+    tpu's L2 loss, and Goyal et al.'s decay of everything but batch norm).
+    """
     o = config.optimizer
     if o.name == "sgd":
         return optax.chain(
-            optax.add_decayed_weights(o.weight_decay, mask=kernel_mask),
+            optax.add_decayed_weights(o.weight_decay, mask=weight_decay_mask(config)),
             optax.sgd(learning_rate, momentum=o.momentum, nesterov=o.nesterov),
         )
     if o.name == "lars":
+        return lars(learning_rate, weight_decay=o.weight_decay, trust_coefficient=o.lars_trust_coefficient,
+                    momentum=o.momentum, epsilon=o.lars_epsilon, nesterov=o.nesterov, variant=o.lars_variant,
+                    weight_decay_mask=weight_decay_mask(config))
+    if o.name == "optax_lars":  # optax's variant: trust ratio eta * |w| / |g + wd * w|.
         return optax.lars(
             learning_rate,
             weight_decay=o.weight_decay,
             weight_decay_mask=kernel_mask,
             trust_coefficient=o.lars_trust_coefficient,
+            eps=o.lars_epsilon,
             trust_ratio_mask=kernel_mask,
             momentum=o.momentum,
             nesterov=o.nesterov,

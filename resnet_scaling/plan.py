@@ -33,7 +33,7 @@ class ConfigError(RunError, ValueError):
     """An invalid configuration; the message names the field and the fix."""
 
 
-Rounding = Literal["up", "nearest", "interval"]
+Rounding = Literal["up", "down", "nearest", "interval"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +45,9 @@ class Duration:
     to steps:
       "up": the run's length; a run sees at least what was asked for (the case study's 91 epochs are
         113,854 steps at batch 1024).
-      "nearest": points within a run (its 1-epoch warm-up is 1,251 steps at batch 1024, 39 at 32768).
+      "down": the learning-rate warm-up, as tensorflow/tpu's `warmup_epochs * examples // batch` (5 epochs
+        are 6,255 steps at batch 1024; the schedule also keeps the fractional length).
+      "nearest": points within a run (its 1-epoch timing warm-up is 1,251 steps at batch 1024, 39 at 32768).
       "interval": every-N intervals; anything positive is at least 1 step, 0 or less is 0 ("only at the
         end"), in steps too.
     """
@@ -62,7 +64,7 @@ class Duration:
 
 
 TRAINING_LENGTH = Duration("training", "num_train_steps", "num_examples", "num_epochs", "up")
-WARMUP = Duration("schedule", "warmup_steps", "warmup_examples", "warmup_epochs", "nearest")
+WARMUP = Duration("schedule", "warmup_steps", "warmup_examples", "warmup_epochs", "down")
 EVAL_INTERVAL = Duration("eval", "every_steps", "every_examples", "every_epochs", "interval")
 CHECKPOINT_INTERVAL = Duration("checkpoint", "every_steps", "every_examples", "every_epochs", "interval")
 TIMING_WARMUP = Duration("training", "timing_warmup_steps", "timing_warmup_examples", "timing_warmup_epochs",
@@ -79,26 +81,38 @@ def set_duration_field(config: ml_collections.ConfigDict, duration: Duration) ->
     return None
 
 
-def duration_steps(config: ml_collections.ConfigDict, duration: Duration, num_train_examples: int,
-                   global_batch_size: int) -> int | None:
-    """Converts a duration given in steps, examples or epochs into steps (rounded as `duration.rounding`
-    says); None where none of its fields is set. Examples and epochs become `examples / global_batch_size`
-    steps, an epoch being `num_train_examples` examples."""
+def fractional_steps(config: ml_collections.ConfigDict, duration: Duration, num_train_examples: int,
+                     global_batch_size: int) -> float | None:
+    """A duration given in steps, examples or epochs as (fractional) steps, before any rounding; None where
+    none of its fields is set. Examples and epochs become `examples / global_batch_size` steps, an epoch
+    being `num_train_examples` examples."""
     field = set_duration_field(config, duration)
     if field is None:
         return None
     section, name = field.split(".")
     value = config[section][name]
-    if duration.rounding == "interval" and value <= 0:
-        return 0
     if name == duration.steps:
-        return int(value)
+        return float(int(value))
     if name == duration.examples:
-        steps = value / global_batch_size
-    else:
-        steps = value * num_train_examples / global_batch_size
+        return value / global_batch_size
+    return value * num_train_examples / global_batch_size
+
+
+def duration_steps(config: ml_collections.ConfigDict, duration: Duration, num_train_examples: int,
+                   global_batch_size: int) -> int | None:
+    """Converts a duration given in steps, examples or epochs into whole steps (rounded as
+    `duration.rounding` says); None where none of its fields is set (`fractional_steps`)."""
+    steps = fractional_steps(config, duration, num_train_examples, global_batch_size)
+    if steps is None:
+        return None
+    if duration.rounding == "interval" and steps <= 0:
+        return 0
+    if steps == int(steps):
+        return int(steps)
     if duration.rounding == "up":
         return math.ceil(steps - 1e-9)  # Tolerates float error: 90 epochs of an exact multiple stay exact.
+    if duration.rounding == "down":
+        return math.floor(steps + 1e-9)
     if duration.rounding == "interval":
         return max(1, int(round(steps)))
     return int(round(steps))
@@ -198,13 +212,16 @@ class TrainingPlan:
       steps_per_epoch: steps in one pass over the training examples (rounded up; for display and
         per-epoch bookkeeping; durations in epochs use `epochs_to_steps`).
       total_steps: training steps of the whole run.
-      warmup_steps: steps of linear learning-rate warm-up.
+      warmup_steps: whole steps of learning-rate warm-up (rounded down, as tensorflow/tpu's
+        `warmup_epochs * examples // batch`): where the decay starts counting.
       peak_learning_rate: learning rate at the end of warm-up.
       eval_every_steps: steps between evaluations (0: only at the end).
       eval_steps: evaluation steps in one exact pass over the evaluation examples.
       checkpoint_every_steps: steps between checkpoints (0: only at the end and on preemption).
       log_every_steps: steps between fetches of the training metrics from the device.
       timing_warmup_steps: steps before the timed region (steady-state throughput, time-to-accuracy).
+      warmup_exact_steps: the warm-up's fractional length in steps (`warmup_epochs * examples / batch`):
+        the learning rate rises until this step; None: `warmup_steps`.
     """
 
     batch: BatchPlan
@@ -219,6 +236,11 @@ class TrainingPlan:
     checkpoint_every_steps: int
     log_every_steps: int
     timing_warmup_steps: int
+    warmup_exact_steps: float | None = None
+
+    def __post_init__(self):
+        if self.warmup_exact_steps is None:
+            object.__setattr__(self, "warmup_exact_steps", float(self.warmup_steps))
 
     @property
     def global_batch_size(self) -> int:
@@ -270,6 +292,9 @@ def derive(config: ml_collections.ConfigDict, num_train_examples: int, num_devic
         return duration_steps(config, duration, num_train_examples, global_batch) or 0
 
     total_steps = max(1, steps(TRAINING_LENGTH))
+    warmup_steps = min(steps(WARMUP), total_steps)
+    warmup_exact = min(fractional_steps(config, WARMUP, num_train_examples, global_batch) or 0.0,
+                       float(total_steps))
     peak = config.optimizer.base_learning_rate
     if config.optimizer.lr_scaling == "linear":
         peak = config.optimizer.base_learning_rate * global_batch / config.optimizer.lr_reference_batch_size
@@ -279,11 +304,12 @@ def derive(config: ml_collections.ConfigDict, num_train_examples: int, num_devic
         num_eval_examples=num_eval_examples,
         steps_per_epoch=math.ceil(num_train_examples / global_batch),
         total_steps=total_steps,
-        warmup_steps=min(steps(WARMUP), total_steps),
+        warmup_steps=warmup_steps,
         peak_learning_rate=float(peak),
         eval_every_steps=steps(EVAL_INTERVAL),
         eval_steps=batch.eval_steps(num_eval_examples),
         checkpoint_every_steps=steps(CHECKPOINT_INTERVAL),
         log_every_steps=int(config.training.log_every_steps),
         timing_warmup_steps=min(steps(TIMING_WARMUP), total_steps),
+        warmup_exact_steps=max(0.0, warmup_exact),
     )

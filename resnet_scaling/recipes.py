@@ -1,40 +1,76 @@
-"""The published training recipes the system configs follow, each set in one place.
+"""The published training recipes the system configs follow, each set in one place, with its source.
 
 A config under `configs/` sets its hardware and global batch, then calls one of these; the recipe picks
-optimizer, learning rate, schedule and regularisation for that batch (docs/case_study.md lists the
-sources). Keeping them here means the tensorflow/tpu LARS table is written once, not copied per config.
+optimizer, learning rate, schedule and regularisation for that batch. docs/case_study.md cites each
+source (repository, file, commit). The case study ran tensorflow/tpu's branch r1.12
+(`use_case_study_recipe`); tensorflow/tpu's later LARS table and the MLPerf v0.7 JAX submission's recipe
+are here to compare against.
 """
 
 from __future__ import annotations
 
 import ml_collections
 
-# The case study's methodology: 90 measured epochs plus 1 warm-up epoch.
+# The case study's methodology: 90 measured epochs plus 1 warm-up epoch (r1.12's v2-512.yaml: 3,558 steps).
 CASE_STUDY_EPOCHS = 91.0
-# LARS needs a large batch; the tensorflow/tpu reference switches to it (with label smoothing) at 16k.
+# tensorflow/tpu's resnet_main.py switches to LARS (with label smoothing) at 16k images per step.
 LARS_MIN_GLOBAL_BATCH = 16_384
 
-# tensorflow/tpu lars_util: (global batch below, base learning rate, warm-up epochs), searched in order.
-_LARS_TABLE = ((16_384, 10.0, 5.0), (32_768, 25.0, 5.0), (65_536, 32.0, 14.0))
-_LARS_LARGEST = (35.6, 40.0)
+
+def lars_learning_rate_r1_12(global_batch_size: int) -> tuple[float, float]:
+    """(base learning rate, warm-up epochs) of tensorflow/tpu r1.12's lars_util.poly_rate_schedule: 25 over
+    5 epochs up to 16,384 images per step, 34 over 12 at exactly 32,768, 41 over 16 at any other batch."""
+    if global_batch_size <= 16_384:
+        return 25.0, 5.0
+    if global_batch_size == 32_768:
+        return 34.0, 12.0
+    return 41.0, 16.0
 
 
 def lars_learning_rate(global_batch_size: int) -> tuple[float, float]:
-    """(base learning rate, warm-up epochs) of the tensorflow/tpu LARS schedule for a global batch."""
-    for below, learning_rate, warmup_epochs in _LARS_TABLE:
+    """(base learning rate, warm-up epochs) of tensorflow/tpu's later lars_util table (master since 2019):
+    below 16,384 images per step 10 over 5 epochs, below 32,768 25 over 5, below 65,536 32 over 14,
+    else 35.6 over 40."""
+    for below, learning_rate, warmup_epochs in ((16_384, 10.0, 5.0), (32_768, 25.0, 5.0),
+                                                (65_536, 32.0, 14.0)):
         if global_batch_size < below:
             return learning_rate, warmup_epochs
-    return _LARS_LARGEST
+    return 35.6, 40.0
+
+
+def mlperf_v07_jax_hyperparameters(global_batch_size: int) -> dict[str, float]:
+    """The MLPerf v0.7 Google JAX ResNet-50 submission's choices for a global batch (its train.py:
+    polynomial_learning_rate_fn and main): base learning rate, warm-up epochs, momentum, weight decay and
+    epochs."""
+    if global_batch_size < 16_384:
+        lr, warmup = 10.0, 5.0
+    elif global_batch_size < 32_768:
+        lr, warmup = 25.0, 5.0
+    elif global_batch_size < 65_536:
+        lr, warmup = 29.0, 18.0
+    else:
+        lr, warmup = 23.080977304670448, 33.0
+    if global_batch_size < 32_768:
+        momentum, epochs = 0.9, 56.0
+    elif global_batch_size < 65_536:
+        momentum, epochs = 0.929, 64.0
+    else:
+        momentum, epochs = 0.9537213777059405, 92.0
+    return {"base_learning_rate": lr, "warmup_epochs": warmup, "momentum": momentum,
+            "weight_decay": 2e-4 if global_batch_size < 32_768 else 1e-4, "num_epochs": epochs}
 
 
 def use_momentum_linear_scaling(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """Goyal et al. 2017: SGD momentum 0.9, LR 0.1 x batch / 256, 5-epoch linear warm-up, x0.1 at epochs
-    30, 60 and 80, weight decay 1e-4 on kernels. The tensorflow/tpu ResNet reference (the case study's
-    TPU code below 16k images per step) uses the same schedule; tf_cnn_benchmarks on GPUs too.
+    """tensorflow/tpu r1.12 resnet_main.py below 16k images per step (Goyal et al. 2017's schedule):
+    Nesterov momentum 0.9, LR 0.1 x batch / 256 with a 5-epoch linear warm-up from 0, x0.1 at epochs 30,
+    60 and 80, weight decay 1e-4 as an L2 loss on every non-batch-norm variable (the classifier bias too),
+    no label smoothing. (Goyal et al. warm up from 0.1 and use plain momentum.)
     """
     config.optimizer.name = "sgd"
     config.optimizer.momentum = 0.9
+    config.optimizer.nesterov = True
     config.optimizer.weight_decay = 1e-4
+    config.optimizer.weight_decay_on = "non_batchnorm"
     config.optimizer.base_learning_rate = 0.1
     config.optimizer.lr_reference_batch_size = 256
     config.optimizer.lr_scaling = "linear"
@@ -46,15 +82,19 @@ def use_momentum_linear_scaling(config: ml_collections.ConfigDict) -> ml_collect
     return config
 
 
-def use_lars(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """The tensorflow/tpu LARS recipe (lars_util, MLPerf v0.5/v0.6) for `training.global_batch_size`:
-    base LR and warm-up from its table, polynomial decay (power 2) to 1e-4, momentum 0.9, weight decay
-    1e-4 and trust ratios on kernels only, label smoothing 0.1. Set the global batch first.
-    """
-    learning_rate, warmup_epochs = lars_learning_rate(config.training.global_batch_size)
+def _use_lars_polynomial(config: ml_collections.ConfigDict, learning_rate: float, warmup_epochs: float,
+                         variant: str, weight_decay_on: str, momentum: float = 0.9,
+                         weight_decay: float = 1e-4) -> ml_collections.ConfigDict:
+    """LARS with a linear warm-up and power-2 polynomial decay to 1e-4, label smoothing 0.1: what every
+    LARS recipe here shares."""
     config.optimizer.name = "lars"
-    config.optimizer.momentum = 0.9
-    config.optimizer.weight_decay = 1e-4
+    config.optimizer.lars_variant = variant
+    config.optimizer.momentum = momentum
+    config.optimizer.nesterov = False
+    config.optimizer.weight_decay = weight_decay
+    config.optimizer.weight_decay_on = weight_decay_on
+    config.optimizer.lars_trust_coefficient = 0.001
+    config.optimizer.lars_epsilon = 0.0
     config.optimizer.base_learning_rate = learning_rate
     config.optimizer.lr_scaling = "none"  # The table gives the learning rate per batch size.
     config.schedule.name = "polynomial"
@@ -65,11 +105,41 @@ def use_lars(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return config
 
 
+def use_case_study_lars(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """tensorflow/tpu r1.12's LARS for `training.global_batch_size` (set it first): its lars_util table,
+    TensorFlow 1.12.0's LARSOptimizer (`lars_variant="tf1.12"`) with weight decay 1e-4 as the L2 loss on
+    every non-batch-norm variable, momentum 0.9, polynomial decay (power 2) to 1e-4, label smoothing 0.1.
+    """
+    learning_rate, warmup_epochs = lars_learning_rate_r1_12(config.training.global_batch_size)
+    return _use_lars_polynomial(config, learning_rate, warmup_epochs, "tf1.12", "non_batchnorm")
+
+
+def use_tensorflow_tpu_lars(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """tensorflow/tpu's later LARS (master's lars_util table, the reference LARSOptimizer, weight decay in
+    the optimizer on kernels only, none in the loss): otherwise as `use_case_study_lars`."""
+    learning_rate, warmup_epochs = lars_learning_rate(config.training.global_batch_size)
+    return _use_lars_polynomial(config, learning_rate, warmup_epochs, "reference", "kernels")
+
+
+def use_mlperf_v07_jax_lars(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The MLPerf v0.7 Google JAX submission's LARS (flax.optim.LARS on kernels, plain momentum elsewhere)
+    with its table, momentum, weight decay and epochs for the global batch; evaluation every 4 epochs.
+    Its schedule counted the decay from the fractional end of warm-up; the library counts from the whole
+    step before it (tensorflow/tpu's), which moves the decay by under one step."""
+    h = mlperf_v07_jax_hyperparameters(config.training.global_batch_size)
+    _use_lars_polynomial(config, h["base_learning_rate"], h["warmup_epochs"], "reference", "kernels",
+                         momentum=h["momentum"], weight_decay=h["weight_decay"])
+    config.training.num_epochs = h["num_epochs"]
+    config.eval.every_epochs = 4.0
+    return config
+
+
 def use_case_study_recipe(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """What the case study ran for the config's global batch: LARS + label smoothing at >= 16k images per
-    step, momentum with linear scaling below; 91 epochs; evaluation every 4 epochs (as MLPerf)."""
+    """What the case study ran for the config's global batch (tensorflow/tpu r1.12): LARS + label smoothing
+    at >= 16k images per step (`use_case_study_lars`), Nesterov momentum with linear scaling below
+    (`use_momentum_linear_scaling`); 91 epochs; evaluation every 4 epochs (as MLPerf)."""
     if config.training.global_batch_size >= LARS_MIN_GLOBAL_BATCH:
-        use_lars(config)
+        use_case_study_lars(config)
     else:
         use_momentum_linear_scaling(config)
     config.training.num_epochs = CASE_STUDY_EPOCHS

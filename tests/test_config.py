@@ -97,7 +97,8 @@ def test_derive_imagenet_goyal_recipe():
     assert plan.per_device_batch_size == 128
     assert plan.steps_per_epoch == 1252  # ceil(1_281_167 / 1024) = ceil(1251.14)
     assert plan.total_steps == 112_603  # ceil(90 * 1_281_167 / 1024) = ceil(112_602.6)
-    assert plan.warmup_steps == 6256  # round(5 * 1251.14)
+    assert plan.warmup_steps == 6255  # 5 * 1_281_167 // 1024, as tensorflow/tpu's lars_util counts w_steps
+    assert plan.warmup_exact_steps == pytest.approx(6255.70, abs=0.01)  # where the ramp ends
     assert plan.peak_learning_rate == pytest.approx(0.4)  # 0.1 * 1024 / 256
     assert plan.eval_every_steps == 1251  # every epoch: round(1251.14)
     assert plan.num_devices == 8
@@ -109,13 +110,13 @@ def test_derive_imagenet_goyal_recipe():
     [(1024, 113_854, 1_251), (4096, 28_464, 313), (16_384, 7_116, 78), (32_768, 3_558, 39)],
 )
 def test_derive_reproduces_the_case_study_step_counts(global_batch_size, train_steps, warmup_steps):
-    """91 epochs (90 measured + 1 warm-up) and the 1-epoch warm-up, as published per TPU slice."""
+    """91 epochs (90 measured + 1 warm-up) and the 1-epoch (timing) warm-up, as published per TPU slice."""
     config = get_base_config()
     config.training.global_batch_size = global_batch_size
     config.training.num_epochs = 91
-    config.schedule.warmup_epochs = 1
+    config.training.timing_warmup_epochs = 1
     plan = derive(config, config_lib.IMAGENET_NUM_TRAIN_EXAMPLES, num_devices=8)
-    assert (plan.total_steps, plan.warmup_steps) == (train_steps, warmup_steps)
+    assert (plan.total_steps, plan.timing_warmup_steps) == (train_steps, warmup_steps)
 
 
 def test_derive_demo_config():
@@ -123,7 +124,8 @@ def test_derive_demo_config():
     plan = derive(config, 12_000, num_devices=2)
     assert plan.steps_per_epoch == 94  # ceil(12_000 / 128) = ceil(93.75)
     assert plan.total_steps == 563  # ceil(6 * 93.75) = ceil(562.5)
-    assert plan.warmup_steps == 47  # round(0.5 * 93.75)
+    assert plan.warmup_steps == 46  # floor(0.5 * 93.75): the decay counts from here
+    assert plan.warmup_exact_steps == 46.875  # the ramp ends here
     assert plan.eval_every_steps == 188  # round(2 * 93.75) = round(187.5), half to even
     assert plan.per_device_batch_size == 64
     assert plan.peak_learning_rate == pytest.approx(0.05)  # 0.1 * 128 / 256
@@ -373,16 +375,16 @@ def test_config_error_is_a_value_error():
 # --------------------------------------------------------------------------- the case study's systems
 
 # docs/case_study.md's table: config -> (cores, global batch, train steps, 1-epoch warm-up steps, optimizer),
-# with the recipe's (peak learning rate, warm-up epochs): Goyal et al.'s 0.1 x batch / 256 over 5 epochs
-# below 16k images per step; above, the LARS table of tensorflow/tpu's models/official/resnet/lars_util.py
-# (poly_rate_schedule, commit 61dbdbc1714d): batch < 16384: 10.0 over 5 epochs, < 32768: 25.0 over 5,
-# < 65536: 32.0 over 14, else 35.6 over 40.
+# with the recipe's (peak learning rate, warm-up epochs): tensorflow/tpu r1.12's resnet_main.py below 16k
+# images per step (0.1 x batch / 256 over 5 epochs, Nesterov momentum); from 16k, the LARS table of r1.12's
+# models/official/resnet/lars_util.py (poly_rate_schedule, branch r1.12, commit 3e61779b1bea):
+# batch <= 16384: 25.0 over 5 epochs, == 32768: 34.0 over 12, otherwise 41.0 over 16.
 CASE_STUDY_TPU_CONFIGS = {
     "tpu_v2_8": (8, 1024, 113_854, 1_251, "sgd", (0.4, 5.0)),
     "tpu_v2_32": (32, 4096, 28_464, 313, "sgd", (1.6, 5.0)),
     "tpu_v2_128": (128, 16_384, 7_116, 78, "lars", (25.0, 5.0)),
-    "tpu_v2_256": (256, 32_768, 3_558, 39, "lars", (32.0, 14.0)),
-    "pod": (512, 32_768, 3_558, 39, "lars", (32.0, 14.0)),
+    "tpu_v2_256": (256, 32_768, 3_558, 39, "lars", (34.0, 12.0)),
+    "pod": (512, 32_768, 3_558, 39, "lars", (34.0, 12.0)),
 }
 
 
@@ -401,24 +403,56 @@ def test_case_study_tpu_configs_match_the_published_table(name):
     assert config.optimizer.name == optimizer
     assert plan.peak_learning_rate == pytest.approx(peak, rel=1e-12)
     assert config.schedule.warmup_epochs == warmup_epochs
-    if optimizer == "lars":  # the tensorflow/tpu reference: polynomial decay to 1e-4, label smoothing 0.1
+    if optimizer == "lars":  # r1.12: polynomial decay to 1e-4, label smoothing 0.1, TF 1.12's LARSOptimizer
         assert config.schedule.name == "polynomial" and config.schedule.end_learning_rate == 1e-4
         assert config.training.label_smoothing == 0.1
-    else:  # Goyal et al.: x0.1 at epochs 30, 60 and 80
+        assert (config.optimizer.lars_variant, config.optimizer.nesterov) == ("tf1.12", False)
+    else:  # r1.12's momentum path: Nesterov, x0.1 at epochs 30, 60 and 80
         assert config.schedule.name == "piecewise" and tuple(config.schedule.boundary_epochs) == (30, 60, 80)
         assert config.training.label_smoothing == 0.0
-    assert config.optimizer.weight_decay == 1e-4
+        assert config.optimizer.nesterov
+    # r1.12 resnet_main.py: weight_decay * l2_loss of every variable not named batch_normalization.
+    assert (config.optimizer.weight_decay, config.optimizer.weight_decay_on) == (1e-4, "non_batchnorm")
     # Batch norm over 128 images, as the reference normalised per core (2 cores of a chip on the pod).
     assert plan.bn_group_size == 128
 
 
-@pytest.mark.parametrize(  # tensorflow/tpu's lars_util table, transcribed above CASE_STUDY_TPU_CONFIGS.
+@pytest.mark.parametrize(  # r1.12's lars_util table, transcribed above CASE_STUDY_TPU_CONFIGS.
+    "batch, expected",
+    [(1024, (25.0, 5.0)), (16_384, (25.0, 5.0)), (16_385, (41.0, 16.0)), (32_767, (41.0, 16.0)),
+     (32_768, (34.0, 12.0)), (32_769, (41.0, 16.0)), (65_536, (41.0, 16.0))],
+)
+def test_case_study_lars_table_is_r1_12_lars_util(batch, expected):
+    assert recipes.lars_learning_rate_r1_12(batch) == expected
+
+
+@pytest.mark.parametrize(  # tensorflow/tpu master lars_util.py, commit 95647b5 (table since 2019).
     "batch, expected",
     [(1024, (10.0, 5.0)), (16_383, (10.0, 5.0)), (16_384, (25.0, 5.0)), (32_767, (25.0, 5.0)),
      (32_768, (32.0, 14.0)), (65_535, (32.0, 14.0)), (65_536, (35.6, 40.0))],
 )
-def test_lars_learning_rate_follows_lars_util(batch, expected):
+def test_later_lars_table_follows_tensorflow_tpu_master(batch, expected):
     assert recipes.lars_learning_rate(batch) == expected
+
+
+# mlcommons/training_results_v0.7 Google/benchmarks/resnet/implementations/resnet-research-JAX-tpu-v3-8192/
+# train.py (commit c66406115bb3): polynomial_learning_rate_fn and main's momentum, weight decay, epochs.
+@pytest.mark.parametrize(
+    "batch, expected",
+    [(8192, (10.0, 5.0, 0.9, 2e-4, 56.0)), (16_384, (25.0, 5.0, 0.9, 2e-4, 56.0)),
+     (32_768, (29.0, 18.0, 0.929, 1e-4, 64.0)),
+     (65_536, (23.080977304670448, 33.0, 0.9537213777059405, 1e-4, 92.0))],
+)
+def test_mlperf_v07_jax_recipe_transcribes_its_train_py(batch, expected):
+    config = get_base_config()
+    config.training.global_batch_size = batch
+    recipes.use_mlperf_v07_jax_lars(config)
+    o = config.optimizer
+    assert (o.base_learning_rate, config.schedule.warmup_epochs, o.momentum, o.weight_decay,
+            config.training.num_epochs) == expected
+    assert (o.name, o.lars_variant, o.weight_decay_on, o.nesterov) == ("lars", "reference", "kernels", False)
+    assert (config.schedule.end_learning_rate, config.training.label_smoothing) == (1e-4, 0.1)
+    validate(config)
 
 
 @pytest.mark.parametrize("path", [p for p in CONFIG_FILES if p.stem.startswith(("gpu_", "tpu_", "pod"))],

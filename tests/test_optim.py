@@ -1,12 +1,15 @@
 """Tests for the loss and metrics helpers (`resnet_scaling.steps`) and `resnet_scaling.optim`.
 
-References are NumPy hand computations (float64) of the formulas the docstrings state; the LARS one
-follows optax.lars: add_decayed_weights -> masked scale_by_trust_ratio -> scale by -lr -> trace.
+References are NumPy hand computations (float64) of the formulas the docstrings state, and NumPy
+transcriptions of the reference code the pod's recipe comes from (each names its file and commit): LARS as
+TensorFlow 1.12.0 shipped it and as TensorFlow >= 1.13 / MLPerf / flax.optim define it, tensorflow/tpu
+r1.12's learning-rate schedules.
 """
 
 from __future__ import annotations
 
 import functools
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +28,8 @@ from resnet_scaling.optim import (
 )
 from resnet_scaling.plan import derive
 from resnet_scaling.steps import cross_entropy_loss, normalize_images, topk_correct
+
+CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
 # --------------------------------------------------------------------------- loss and metrics
 
@@ -227,28 +232,14 @@ def test_sgd_momentum_accumulates():
     np.testing.assert_allclose(np.asarray(second["w"]), -1.9, rtol=1e-6)
 
 
-def _np_lars_kernel_update(w, g, lr, wd, eta):
-    # optax.scale_by_trust_ratio: trust = eta * ||w|| / ||u|| (1 where either norm is 0), u = g + wd * w.
+def _np_optax_lars_kernel_update(w, g, lr, wd, eta):
+    # optax.lars: add_decayed_weights -> scale_by_trust_ratio (eta * ||w|| / ||u||, u = g + wd * w) -> -lr.
     u = g + wd * w
     trust = eta * np.linalg.norm(w.ravel()) / np.linalg.norm(u.ravel())
     return -lr * trust * u
 
 
-def test_lars_zero_gradients_decay_kernels_only():
-    lr, wd, eta = 0.5, 0.1, 0.001
-    params = _small_params()
-    zero_grads = jax.tree.map(jnp.zeros_like, params)
-    updates = _one_step(_optimizer_config("lars", wd, trust=eta), params, zero_grads, lr)
-    w = np.ones((3, 3, 2, 2))
-    # u = wd * w, trust = eta / wd, so the update is -lr * eta * w.
-    expected = _np_lars_kernel_update(w, np.zeros_like(w), lr, wd, eta)
-    np.testing.assert_allclose(expected, -lr * eta * w)
-    np.testing.assert_allclose(np.asarray(updates["conv"]["kernel"]), expected, rtol=1e-5)
-    np.testing.assert_array_equal(np.asarray(updates["bn"]["scale"]), np.zeros(2))
-    np.testing.assert_array_equal(np.asarray(updates["bn"]["bias"]), np.zeros(2))
-
-
-def test_lars_trust_ratio_on_kernels_plain_step_elsewhere():
+def test_optax_lars_by_name_is_optax_formula():
     lr, wd, eta = 0.5, 0.1, 0.02
     rng = np.random.default_rng(4)
     params = {
@@ -260,19 +251,240 @@ def test_lars_trust_ratio_on_kernels_plain_step_elsewhere():
     def to_jax(tree):
         return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
 
-    updates = _one_step(_optimizer_config("lars", wd, trust=eta), to_jax(params), to_jax(grads), lr)
-
+    updates = _one_step(_optimizer_config("optax_lars", wd, trust=eta), to_jax(params), to_jax(grads), lr)
     for layer in ("conv", "classifier"):
-        expected = _np_lars_kernel_update(params[layer]["kernel"], grads[layer]["kernel"], lr, wd, eta)
-        got = np.asarray(updates[layer]["kernel"])
-        np.testing.assert_allclose(got, expected, rtol=1e-4, err_msg=layer)
-        # The trust ratio really scales the step (far from the plain -lr * (g + wd * w)).
-        plain = -lr * (grads[layer]["kernel"] + wd * params[layer]["kernel"])
-        assert not np.allclose(got, plain, rtol=0.1)
-    # BN parameters and the classifier bias: no decay and no trust ratio, the update is -lr * g.
+        expected = _np_optax_lars_kernel_update(params[layer]["kernel"], grads[layer]["kernel"], lr, wd, eta)
+        np.testing.assert_allclose(np.asarray(updates[layer]["kernel"]), expected, rtol=1e-4, err_msg=layer)
     for layer, name in (("bn", "scale"), ("bn", "bias"), ("classifier", "bias")):
-        np.testing.assert_allclose(np.asarray(updates[layer][name]), -lr * grads[layer][name], rtol=1e-5,
-                                   err_msg=f"{layer}/{name}")
+        np.testing.assert_allclose(np.asarray(updates[layer][name]), -lr * grads[layer][name], rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- LARS against its references
+
+# NumPy transcriptions, per variable, with TensorFlow's variable names deciding the skip list, as the
+# references do (`skip_list=['batch_normalization', 'bias']`: a substring of the variable's name).
+SKIP_LIST = ("batch_normalization", "bias")
+N_IMAGENET = 1_281_167
+
+
+def _tf_name(path: tuple[str, ...]) -> str:
+    # The library's batch-norm layers are named bn*, stem_bn, downsample_bn; TensorFlow's resnet_model.py
+    # names them batch_normalization*; dense and conv leaves keep "kernel" and "bias".
+    return "/".join("batch_normalization" if "bn" in part else part for part in path)
+
+
+def _np_tf112_step(name, var, accum, grad, lr, momentum, wd, eeta=0.001, epsilon=0.0):
+    """TensorFlow 1.12.0 (wheel tensorflow-1.12.0-cp36-cp36m-manylinux1_x86_64.whl, sha256 531619ad...):
+    tensorflow/contrib/opt/python/training/lars_optimizer.py LARSOptimizer.compute_lr and _apply_dense
+    (training_ops.apply_momentum: accum = accum * momentum + grad; var -= lr * accum), with the gradient of
+    tensorflow/tpu r1.12 resnet_main.py's loss term `weight_decay * l2_loss(v)` for every variable whose
+    name lacks 'batch_normalization'. Returns (var - new var, new accum)."""
+    if "batch_normalization" not in name:
+        grad = grad + wd * var
+    scaled_lr = lr
+    if not any(s in name for s in SKIP_LIST):
+        w_norm = np.linalg.norm(var.ravel())
+        g_norm = np.linalg.norm(grad.ravel())
+        trust_ratio = eeta * w_norm / (g_norm + wd * w_norm + epsilon) if w_norm > 0 and g_norm > 0 else 1.0
+        scaled_lr = lr * trust_ratio
+    accum = accum * momentum + grad
+    return -scaled_lr * accum, accum
+
+
+def _np_reference_step(name, var, accum, grad, lr, momentum, wd, eeta=0.001, epsilon=0.0):
+    """flax.optim.LARS.apply_param_gradient (flax 0.3, used by the MLPerf v0.7 Google JAX submission) and
+    tf.contrib.opt.LARSOptimizer from TensorFlow 1.13 on (compute_lr adds `weight_decay * var` to the
+    gradient; apply_momentum with lr 1 and `grad * scaled_lr`), skipped variables plain momentum."""
+    scaled_lr = lr
+    if not any(s in name for s in SKIP_LIST):
+        w_norm = np.linalg.norm(var.ravel())
+        g_norm = np.linalg.norm(grad.ravel())
+        trust_ratio = eeta * w_norm / (g_norm + wd * w_norm + epsilon) if w_norm > 0 and g_norm > 0 else 1.0
+        scaled_lr = lr * trust_ratio
+        grad = grad + wd * var
+    accum = accum * momentum + grad * scaled_lr
+    return -accum, accum
+
+
+def _np_poly_rate_schedule(step, batch, num_images, train_steps, plr, w_epochs):
+    """tensorflow/tpu models/official/resnet/lars_util.py poly_rate_schedule (branch r1.12, commit
+    3e61779b1bea; same formula on master), with resnet_main.py's float32 current_epoch, and
+    tf.train.polynomial_decay(plr, max(1, step - w_steps), train_steps - w_steps + 1, power=2.0,
+    end_learning_rate=0.0001 (its default))."""
+    steps_per_epoch = np.float32(num_images / batch)
+    current_epoch = np.float32(step) / steps_per_epoch
+    wrate = plr * current_epoch / w_epochs
+    w_steps = int(w_epochs * num_images // batch)
+    decay_steps = train_steps - w_steps + 1
+    global_step = min(max(1, step - w_steps), decay_steps)
+    poly_rate = (plr - 0.0001) * (1 - global_step / decay_steps) ** 2.0 + 0.0001
+    return wrate if current_epoch <= w_epochs else poly_rate
+
+
+def _np_piecewise_schedule(step, batch, num_images, base_learning_rate=0.1):
+    """tensorflow/tpu r1.12 models/official/resnet/resnet_main.py learning_rate_schedule with LR_SCHEDULE
+    [(1.0, 5), (0.1, 30), (0.01, 60), (0.001, 80)]."""
+    scaled_lr = base_learning_rate * (batch / 256.0)
+    current_epoch = np.float32(step) / np.float32(num_images / batch)
+    schedule = [(1.0, 5), (0.1, 30), (0.01, 60), (0.001, 80)]
+    decay_rate = scaled_lr * schedule[0][0] * current_epoch / schedule[0][1]
+    for mult, start_epoch in schedule:
+        decay_rate = decay_rate if current_epoch < start_epoch else scaled_lr * mult
+    return decay_rate
+
+
+def _load_shipped(name):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, CONFIGS_DIR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def _relative_error(got, expected):
+    got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
+    scale = np.linalg.norm(expected.ravel())
+    return np.linalg.norm((got - expected).ravel()) / (scale if scale > 0 else 1.0)
+
+
+@pytest.mark.parametrize("name, batch, train_steps, plr, w_epochs", [
+    ("pod", 32_768, 3_558, 34.0, 12),
+    ("tpu_v2_128", 16_384, 7_116, 25.0, 5),
+])
+def test_case_study_lars_schedule_is_r1_12_lars_util_at_every_step(name, batch, train_steps, plr, w_epochs):
+    config = _load_shipped(name)
+    plan = derive(config, N_IMAGENET, num_devices=config.mesh.num_devices)
+    assert (plan.global_batch_size, plan.total_steps) == (batch, train_steps)
+    fn = jax.jit(create_learning_rate_schedule(config, plan))
+    steps = np.arange(train_steps)
+    got = np.asarray(jax.vmap(fn)(jnp.asarray(steps)))
+    expected = np.asarray([_np_poly_rate_schedule(int(t), batch, N_IMAGENET, train_steps, plr, w_epochs)
+                           for t in steps])
+    rel = np.abs(got - expected) / np.abs(expected).clip(min=1e-12)
+    assert rel[1:].max() < 1e-5, (int(rel[1:].argmax()) + 1, rel[1:].max())
+    assert got[0] == expected[0] == 0.0
+    # The peak and the last step, as lars_util puts them.
+    w_steps = w_epochs * N_IMAGENET // batch
+    assert got[w_steps] == pytest.approx(plr * w_steps / (w_epochs * N_IMAGENET / batch), rel=1e-6)
+    assert got[-1] == pytest.approx(1e-4 + (plr - 1e-4) * (1 - (train_steps - 1 - w_steps)
+                                                           / (train_steps - w_steps + 1)) ** 2, rel=1e-5)
+
+
+def test_case_study_momentum_schedule_is_r1_12_resnet_main_at_every_step():
+    config = _load_shipped("tpu_v2_8")
+    plan = derive(config, N_IMAGENET, num_devices=8)
+    fn = jax.jit(jax.vmap(create_learning_rate_schedule(config, plan)))
+    steps = np.arange(plan.total_steps)
+    got = np.asarray(fn(jnp.asarray(steps)))
+    expected = np.asarray([_np_piecewise_schedule(int(t), 1024, N_IMAGENET) for t in steps])
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=0)
+    # The boundaries fall on the first step at or past the fractional epoch: 30 x 1251.14 = 37534.2.
+    assert got[37_534] == pytest.approx(0.4) and got[37_535] == pytest.approx(0.04)
+
+
+def _lars_params():
+    """A resnet_tiny parameter tree with the leaves the references treat specially: a kernel of zeros, a
+    kernel whose gradient is always zero, and zero-initialised last BN scales (model init)."""
+    model = models.create_model("resnet_tiny", 10, num_filters=4)
+    variables = model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)), train=False)
+    params = jax.tree.map(lambda x: np.asarray(x, np.float32), variables["params"])
+    params["stage2_block1"]["conv1"]["kernel"] = np.zeros_like(params["stage2_block1"]["conv1"]["kernel"])
+    assert not params["stage1_block1"]["bn2"]["scale"].any()  # zero-init last BN gamma
+    return params
+
+
+@pytest.mark.parametrize("config_name, variant, oracle", [
+    ("pod", "tf1.12", _np_tf112_step),
+    ("tensorflow_tpu_lars", "reference", _np_reference_step),
+])
+def test_lars_matches_its_reference_per_leaf_through_warmup_and_decay(config_name, variant, oracle):
+    from flax import traverse_util
+
+    from resnet_scaling import recipes
+
+    config = _load_shipped("pod")
+    if config_name == "tensorflow_tpu_lars":
+        recipes.use_tensorflow_tpu_lars(config)
+    assert config.optimizer.lars_variant == variant
+    # The pod's recipe on a 144,000-image epoch: 400 steps with a 52.7-step warm-up (12 or 14 epochs
+    # of 4.39 steps), so that a few hundred steps cross warm-up and the whole decay.
+    num_images = 144_000
+    plan = derive(config, num_images, num_devices=512)
+    assert plan.total_steps == 400
+    schedule = create_learning_rate_schedule(config, plan)
+    tx = create_optimizer(config, schedule)
+    update = jax.jit(tx.update)
+
+    rng = np.random.default_rng(7)
+    params = _lars_params()
+    flat_names = {path: _tf_name(path) for path in traverse_util.flatten_dict(params)}
+    state = tx.init(params)
+    accums = {path: np.zeros(v.shape) for path, v in traverse_util.flatten_dict(params).items()}
+    momentum, wd = config.optimizer.momentum, config.optimizer.weight_decay
+    table = _np_poly_rate_schedule if variant == "tf1.12" else None
+    worst = 0.0
+    ratios = []
+    for step in range(plan.total_steps):
+        flat_params = traverse_util.flatten_dict(params)
+        # Gradients whose size against wd * |w| sweeps 0.01..10 across steps; one kernel's is always 0.
+        scale = 10.0 ** rng.uniform(-5, -1)
+        grads = {path: (rng.normal(size=v.shape) * scale).astype(np.float32)
+                 for path, v in flat_params.items()}
+        zero = ("stage3_block1", "conv2", "kernel")
+        grads[zero] = np.zeros_like(grads[zero])
+        if table is not None:
+            lr = table(step, 32_768, num_images, 400, 34.0, 12)
+        else:
+            lr = _np_poly_rate_schedule(step, 32_768, num_images, 400, 32.0, 14)
+        assert float(schedule(step)) == pytest.approx(lr, rel=1e-5, abs=1e-12)
+        updates, state = update(traverse_util.unflatten_dict(grads), state, params)
+        flat_updates = traverse_util.flatten_dict(updates)
+        flat_momentum = traverse_util.flatten_dict(state.momentum)
+        for path, w in flat_params.items():
+            expected_update, accums[path] = oracle(flat_names[path], w.astype(np.float64), accums[path],
+                                                   grads[path].astype(np.float64), lr, momentum, wd)
+            err = _relative_error(flat_updates[path], expected_update)
+            worst = max(worst, err)
+            assert err < 1e-5, (step, path, err)
+            assert _relative_error(flat_momentum[path], accums[path]) < 1e-5, (step, path)
+            if path[-1] == "kernel" and np.linalg.norm(grads[path]) > 0:
+                ratios.append(wd * np.linalg.norm(w) / np.linalg.norm(grads[path]))
+            # Keep the library's trajectory and the reference's accumulators in step with each other.
+            accums[path] = np.asarray(flat_momentum[path], np.float64)
+        params = jax.tree.map(lambda w, u: (w + np.asarray(u)).astype(np.float32), params, updates)
+    assert worst < 1e-5
+    assert min(ratios) < 0.01 and max(ratios) > 1.0  # the sweep covered the regimes that differ
+
+
+def test_lars_variants_differ_where_the_references_differ():
+    # One kernel, wd * |w| / |g| = 1: optax's trust ratio divides by |g + wd * w|, the references by
+    # |g| + wd * |w|; and a zero gradient: the reference keeps trust 1, TF 1.12 sees the L2 gradient.
+    w = np.ones((4, 4), np.float32)
+    wd, lr, eta = 1e-4, 1.0, 1e-3
+    g_zero = np.zeros_like(w)
+    results = {}
+    for name in ("lars", "optax_lars"):
+        config = _optimizer_config(name, wd, momentum=0.0, trust=eta)
+        config.optimizer.lars_variant = "reference"
+        results[name] = np.asarray(_one_step(config, {"k": jnp.asarray(w)}, {"k": jnp.asarray(g_zero)},
+                                             lr)["k"])
+    np.testing.assert_allclose(results["lars"], -lr * wd * w, rtol=1e-6)  # trust 1, update lr * wd * w
+    np.testing.assert_allclose(results["optax_lars"], -lr * eta * w, rtol=1e-5)  # trust eta / wd = 10
+    config = _optimizer_config("lars", wd, momentum=0.0, trust=eta)
+    config.optimizer.lars_variant = "tf1.12"
+    tf112 = np.asarray(_one_step(config, {"k": jnp.asarray(w)}, {"k": jnp.asarray(g_zero)}, lr)["k"])
+    np.testing.assert_allclose(tf112, -lr * (eta / (2 * wd)) * wd * w, rtol=1e-5)  # trust eta / (2 wd)
+
+
+def test_lars_refuses_unknown_variant_and_missing_params():
+    from resnet_scaling.optim import lars
+
+    with pytest.raises(ValueError, match="variant"):
+        lars(0.1, variant="tf2")
+    tx = lars(0.1)
+    params = {"k": jnp.ones((2, 2))}
+    with pytest.raises(ValueError, match="params"):
+        tx.update(params, tx.init(params))
 
 
 def test_create_optimizer_refuses_unknown_name():
@@ -330,12 +542,15 @@ def test_cosine_decay_to_end_learning_rate():
 
 
 def test_polynomial_decay():
+    # lars_util's count: polynomial_decay(peak, step - 500, 9000 - 500 + 1, power=2), so the last step
+    # (8999) stays (2 / 8501)^2 of the way above the end.
     end = 1e-4
     lr = _schedule("polynomial", end_learning_rate=end, polynomial_power=2.0)
     assert lr(500) == pytest.approx(PEAK)
-    assert lr(4750) == pytest.approx((PEAK - end) * 0.25 + end, rel=1e-5)
-    assert lr(500 + 8500 // 4) == pytest.approx((PEAK - end) * 0.75**2 + end, rel=1e-5)
-    assert lr(9000) == pytest.approx(end, rel=1e-4)
+    assert lr(4750) == pytest.approx((PEAK - end) * (4251 / 8501) ** 2 + end, rel=1e-5)
+    assert lr(500 + 8500 // 4) == pytest.approx((PEAK - end) * (6376 / 8501) ** 2 + end, rel=1e-5)
+    assert lr(8999) == pytest.approx((PEAK - end) * (2 / 8501) ** 2 + end, rel=1e-5)
+    assert lr(9600) == pytest.approx(end, rel=1e-6)
 
 
 def test_piecewise_decay():
