@@ -1,8 +1,8 @@
 """Today's 8-GPU node: 8x NVIDIA H100 80GB (SXM, NVLink), global batch 2048 (256 per GPU).
 
-Recipe: Goyal et al.'s linear scaling (SGD momentum 0.9, LR 0.1 x 2048 / 256 = 0.8, 5-epoch warm-up,
-x0.1 at epochs 30, 60, 80, weight decay 1e-4), bfloat16 compute (no loss scaling), batch norm over the
-global batch. 91 epochs as the case study: 56,927 steps.
+Recipe: Goyal et al.'s linear scaling (SGD with Nesterov momentum 0.9, LR 0.1 x 2048 / 256 = 0.8, 5-epoch
+warm-up, x0.1 at epochs 30, 60, 80, weight decay 1e-4), bfloat16 compute (no loss scaling), batch norm over
+the global batch. 91 epochs as the case study: 56,927 steps.
 """
 
 from resnet_scaling import recipes

@@ -2,8 +2,8 @@
 
 Recipe: tf_cnn_benchmarks as the published methodology ran it: 312 images per GPU (global batch 2496),
 float16 with dynamic loss scaling, batch norm per GPU (each replica normalises its own 312 images, as
-tf_cnn_benchmarks' replicated towers did), SGD momentum 0.9, weight decay 1e-4, Goyal et al.'s linear
-scaling (LR 0.1 x 2496 / 256 = 0.975, 5-epoch warm-up, x0.1 at epochs 30, 60, 80). 91 epochs: 46,710
+tf_cnn_benchmarks' replicated towers did), SGD with Nesterov momentum 0.9, weight decay 1e-4, Goyal et al.'s
+linear scaling (LR 0.1 x 2496 / 256 = 0.975, 5-epoch warm-up, x0.1 at epochs 30, 60, 80). 91 epochs: 46,710
 steps (the case study: ~213 minutes at ~8.5k images/s).
 """
 

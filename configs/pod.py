@@ -1,11 +1,12 @@
 """The case study's system: a full Cloud TPU v2 Pod, 256 chips = 512 cores ("v2-512").
 
-Recipe (`recipes.use_case_study_recipe` at 32,768 images per step): the tensorflow/tpu reference LARS
-schedule (lars_util: batch in [32k, 64k) -> base learning rate 32.0, 14 warm-up epochs, polynomial decay
-with power 2 to 1e-4), weight decay 1e-4 and momentum 0.9, label smoothing 0.1, bfloat16 compute;
-evaluation every 4 epochs. 91 epochs: the published methodology's 90 measured epochs plus 1 warm-up
-epoch, 3,558 steps. Batch norm over groups of 128 images (the 2 cores of a chip), as the pod-scale MLPerf
-TPU submissions and Ying et al. 2018 normalised.
+Recipe (`recipes.use_case_study_recipe` at 32,768 images per step): what the case study ran, tensorflow/tpu
+branch r1.12 (docs/case_study.md cites files and commits): its lars_util table at exactly 32,768 -> base
+learning rate 34.0, 12 warm-up epochs, polynomial decay with power 2 to 1e-4; TensorFlow 1.12.0's
+LARSOptimizer (`optimizer.lars_variant = "tf1.12"`) with momentum 0.9 and weight decay 1e-4 as an L2 loss on
+every non-batch-norm variable; label smoothing 0.1, bfloat16 compute; evaluation every 4 epochs. 91 epochs:
+the published methodology's 90 measured epochs plus 1 warm-up epoch, 3,558 steps. Batch norm over groups of
+128 images (the 2 cores of a chip), as the pod-scale MLPerf TPU submissions and Ying et al. 2018 normalised.
 
 Compile it for the pod on any machine with libtpu: `python -m resnet_scaling.compile --config=configs/pod.py`.
 

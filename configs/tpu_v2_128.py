@@ -1,9 +1,9 @@
 """The case study's Cloud TPU v2-128: 64 chips, 128 cores (8 GiB HBM each), global batch 16384.
 
-Recipe: the tensorflow/tpu LARS schedule (lars_util: base LR 25, 5 warm-up epochs, polynomial decay power
-2 to 1e-4), label smoothing 0.1; weight decay 1e-4, bfloat16 compute, batch norm per core (128 images, as
-the TPUEstimator reference normalised each replica's batch). 91 epochs (90 measured + 1 warm-up): 7,116
-steps; the warm-up epoch is 78 steps (docs/case_study.md's table).
+Recipe: tensorflow/tpu r1.12's LARS (lars_util up to 16,384: base LR 25, 5 warm-up epochs, polynomial decay
+power 2 to 1e-4; TF 1.12.0's LARSOptimizer), label smoothing 0.1; weight decay 1e-4, bfloat16 compute, batch
+norm per core (128 images, as the TPUEstimator reference normalised each replica's batch). 91 epochs (90
+measured + 1 warm-up): 7,116 steps; the warm-up epoch is 78 steps (docs/case_study.md's table).
 """
 
 from resnet_scaling import recipes

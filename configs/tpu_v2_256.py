@@ -1,9 +1,10 @@
 """The case study's Cloud TPU v2-256: 128 chips, 256 cores (8 GiB HBM each), global batch 32768.
 
-Recipe: the tensorflow/tpu LARS schedule (lars_util: base LR 32, 14 warm-up epochs, polynomial decay
-power 2 to 1e-4), label smoothing 0.1; weight decay 1e-4, bfloat16 compute, batch norm per core (128
-images, as the TPUEstimator reference normalised each replica's batch). 91 epochs (90 measured + 1 warm-
-up): 3,558 steps; the warm-up epoch is 39 steps (docs/case_study.md's table).
+Recipe: tensorflow/tpu r1.12's LARS, as pod.py (lars_util at 32,768: base LR 34, 12 warm-up epochs,
+polynomial decay power 2 to 1e-4; TF 1.12.0's LARSOptimizer), label smoothing 0.1; weight decay 1e-4,
+bfloat16 compute, batch norm per core (128 images, as the TPUEstimator reference normalised each replica's
+batch). 91 epochs (90 measured + 1 warm- up): 3,558 steps; the warm-up epoch is 39 steps
+(docs/case_study.md's table).
 """
 
 from resnet_scaling import recipes

@@ -1,9 +1,10 @@
 """The case study's Cloud TPU v2-32: 16 chips, 32 cores (8 GiB HBM each), global batch 4096.
 
-Recipe: momentum 0.9 with Goyal et al.'s linear scaling (LR 0.1 x 4096 / 256, 5-epoch warm-up, x0.1 at
-epochs 30, 60, 80), as the tensorflow/tpu ResNet reference; weight decay 1e-4, bfloat16 compute, batch
-norm per core (128 images, as the TPUEstimator reference normalised each replica's batch). 91 epochs (90
-measured + 1 warm-up): 28,464 steps; the warm-up epoch is 313 steps (docs/case_study.md's table).
+Recipe: Nesterov momentum 0.9 with Goyal et al.'s linear scaling (LR 0.1 x 4096 / 256, 5-epoch warm-up, x0.1
+at epochs 30, 60, 80), as tensorflow/tpu r1.12's resnet_main.py; weight decay 1e-4 on every non-BN variable,
+bfloat16 compute, batch norm per core (128 images, as the TPUEstimator reference normalised each replica's
+batch). 91 epochs (90 measured + 1 warm-up): 28,464 steps; the warm-up epoch is 313 steps
+(docs/case_study.md's table).
 """
 
 from resnet_scaling import recipes

@@ -1,6 +1,6 @@
 """A Cloud TPU v4-32 slice: 16 chips (32 GiB HBM each) in a 2x2x4 torus, 4 hosts, global batch 4096.
 
-Recipe: momentum 0.9 with Goyal et al.'s linear scaling (LR 0.1 x 4096 / 256 = 1.6, 5-epoch warm-up,
+Recipe: Nesterov momentum 0.9 with Goyal et al.'s linear scaling (LR 0.1 x 4096 / 256 = 1.6, 5-epoch warm-up,
 x0.1 at epochs 30, 60, 80, weight decay 1e-4), as the case study's v2-32 (same batch); bfloat16 compute,
 batch norm over the global batch. 91 epochs: 28,464 steps. On the hardware JAX sees one device per chip
 (megacore); libtpu's ahead-of-time topology describes each TensorCore, so the mesh size is left to the run.

@@ -7,8 +7,9 @@ two slices over DCN and reassembles the pieces over ICI: 2.04 MiB per chip cross
 MiB of bfloat16 gradients (benchmarks/README.md quotes the compiled step's report).
 
 Recipe (`recipes.use_case_study_recipe` at 32,768 images per step, the case study's pod batch: 64 per chip):
-the tensorflow/tpu LARS schedule, label smoothing 0.1, bfloat16 compute; 91 epochs: 3,558 steps. Batch norm
-over groups of 128 images (2 chips), as the pod-scale MLPerf runs normalised; a group never leaves a slice.
+the case study's r1.12 LARS (34 over 12 warm-up epochs), label smoothing 0.1, bfloat16 compute; 91 epochs:
+3,558 steps. Batch norm over groups of 128 images (2 chips), as the pod-scale MLPerf runs normalised; a
+group never leaves a slice.
 
 Compile it on any machine with libtpu: `python -m resnet_scaling.compile --config=tpu_v5e_2slices`.
 """
