@@ -16,7 +16,7 @@ from resnet_scaling.data import ArraySource, DataSource, SyntheticSource, create
 from resnet_scaling.evaluate import evaluate_workdir
 from resnet_scaling.mesh import batch_sharding, create_mesh, host_local_to_global, replicated_sharding
 from resnet_scaling.models import ResNet, create_model, model_from_config
-from resnet_scaling.optim import create_dynamic_scale, create_learning_rate_schedule, create_optimizer
+from resnet_scaling.optim import create_dynamic_scale, create_learning_rate_schedule, create_optimizer, lars
 from resnet_scaling.plan import BatchPlan, TrainingPlan, batch_plan, derive
 from resnet_scaling.predict import Predictor, load_predictor
 from resnet_scaling.steps import (
@@ -62,6 +62,7 @@ __all__ = [
     "host_local_to_global",
     "jit_eval_step",
     "jit_train_step",
+    "lars",
     "load_exported",
     "load_predictor",
     "load_torchvision_file",
