@@ -274,7 +274,8 @@ def _tf_name(path: tuple[str, ...]) -> str:
 
 
 def _np_tf112_step(name, var, accum, grad, lr, momentum, wd, eeta=0.001, epsilon=0.0):
-    """TensorFlow 1.12.0 (wheel tensorflow-1.12.0-cp36-cp36m-manylinux1_x86_64.whl, sha256 531619ad...):
+    """TensorFlow 1.12.0 (wheel tensorflow-1.12.0-cp36-cp36m-manylinux1_x86_64.whl, sha256
+    531619ad1c17b4084d09f442a9171318af813e81aae748e5de8274d561461749):
     tensorflow/contrib/opt/python/training/lars_optimizer.py LARSOptimizer.compute_lr and _apply_dense
     (training_ops.apply_momentum: accum = accum * momentum + grad; var -= lr * accum), with the gradient of
     tensorflow/tpu r1.12 resnet_main.py's loss term `weight_decay * l2_loss(v)` for every variable whose
