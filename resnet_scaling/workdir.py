@@ -2,12 +2,15 @@
 
 Paths go through `etils.epath`, so a workdir may be local or on an object store (`gs://bucket/run`).
 
-The lock is WORKDIR/run.lock, a small JSON file naming the run that holds it (host, pid, command, start)
-with a heartbeat the holder refreshes every `HEARTBEAT_SEC`. A second run on the same workdir refuses at
-once, naming the first. A lock left by a run that crashed is stale and taken over: on the same host when
-its process is gone, from any host when its heartbeat is older than `STALE_AFTER_SEC`. Object stores have
-no exclusive create through epath, so on `gs://` two runs started within the same second could both
-believe they hold the lock; each reads the lock back after writing it, which narrows that window.
+The lock is WORKDIR/run.lock, a small JSON file naming the run that holds it (host, pid and the pid's
+start time, command, start) with a heartbeat the holder refreshes every `HEARTBEAT_SEC`. A second run on
+the same workdir refuses at once, naming the first. A lock left by a run that crashed is stale and taken
+over: on the same host when its process is gone or its pid now belongs to another process (a restarted
+container's pid 1: the start time differs), from any host when its heartbeat is older than
+`STALE_AFTER_SEC`. A lock that is empty or unreadable (what a crash between creating and writing it leaves)
+is set aside as run.lock.damaged-* once it is older than `DAMAGED_GRACE_SEC`. Object stores have no
+exclusive create through epath, so on `gs://` two runs started within the same second could both believe
+they hold the lock; each reads the lock back after writing it, which narrows that window.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ logger = logging.getLogger(__name__)
 LOCK_FILENAME = "run.lock"
 HEARTBEAT_SEC = 30.0
 STALE_AFTER_SEC = 120.0
+# A lock file younger than this that cannot be read may be another run's, between its create and its write.
+DAMAGED_GRACE_SEC = 2.0
 
 
 class WorkdirError(RunError):
@@ -140,6 +145,25 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
+def process_start_time(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot (/proc/PID/stat's field 22); None where there
+    is no /proc or no such process. A pid and its start time name one process across pid reuse."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(")") + 2:].split()[19])  # Fields after "pid (comm)", from field 3.
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
 class WorkdirLock:
     """Holds WORKDIR/run.lock for the lifetime of a run (see the module docstring).
 
@@ -153,27 +177,65 @@ class WorkdirLock:
         self._stale_after_sec = stale_after_sec
         self._token = uuid.uuid4().hex
         self._record: dict[str, Any] = {
-            "host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
-            "command": " ".join(sys.argv), "token": self._token}
+            "host": socket.gethostname(), "pid": os.getpid(), "pid_start": process_start_time(os.getpid()),
+            "boot_id": _boot_id(), "started": time.time(), "command": " ".join(sys.argv),
+            "token": self._token}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def holder(self) -> dict[str, Any] | None:
         """The lock's current record, or None when there is no readable lock."""
         try:
-            return json.loads(self.path.read_text())
+            record = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return None
+        return record if isinstance(record, dict) else None
 
     def is_stale(self, record: dict[str, Any]) -> bool:
         """Whether the run that wrote `record` is gone."""
         if record.get("host") == socket.gethostname() and isinstance(record.get("pid"), int):
-            return not _process_alive(record["pid"])
-        return time.time() - float(record.get("heartbeat", 0.0)) > self._stale_after_sec
+            if record.get("boot_id") and _boot_id() and record["boot_id"] != _boot_id():
+                return True  # The machine rebooted since: no process of that run survives.
+            if not _process_alive(record["pid"]):
+                return True
+            recorded, now = record.get("pid_start"), process_start_time(record["pid"])
+            if isinstance(recorded, int) and now is not None:
+                return recorded != now  # The pid was reused by another process.
+            return False
+        try:
+            heartbeat = float(record.get("heartbeat", 0.0))
+        except (TypeError, ValueError):
+            heartbeat = 0.0
+        return time.time() - heartbeat > self._stale_after_sec
+
+    def _set_aside_damaged(self) -> None:
+        """A lock file that exists but holds no record: wait out a racing run's write, then move it aside."""
+        deadline = time.monotonic() + DAMAGED_GRACE_SEC
+        while time.monotonic() < deadline:
+            try:  # os.stat where local: epath's mtime is whole seconds.
+                local = "://" not in os.fspath(self.path)
+                age = time.time() - (os.stat(self.path).st_mtime if local else self.path.stat().mtime)
+            except OSError:
+                return  # Gone meanwhile.
+            if age >= DAMAGED_GRACE_SEC or self.holder() is not None:
+                break
+            time.sleep(0.1)
+        if self.holder() is not None or not self.path.exists():
+            return
+        aside = self.path.with_name(f"{LOCK_FILENAME}.damaged-{int(time.time())}-{os.getpid()}")
+        try:
+            self.path.rename(aside)
+        except OSError:
+            return  # Another run moved or replaced it first; the exclusive create decides.
+        logger.warning("%s was empty or unreadable (what a crash while writing it leaves): set aside as %s.",
+                       self.path, aside.name)
 
     def acquire(self) -> None:
         """Takes the lock, or raises `WorkdirError` naming the run that holds it."""
         record = self.holder()
+        if record is None and self.path.exists():
+            self._set_aside_damaged()
+            record = self.holder()
         if record is not None and record.get("token") != self._token:
             if not self.is_stale(record):
                 age = time.time() - float(record.get("started", time.time()))
@@ -203,7 +265,7 @@ class WorkdirLock:
             with os.fdopen(fd, "w") as f:
                 f.write(text)
             return
-        self.path.write_text(text)
+        write_text_atomically(self.path, text)  # A reader (another run starting) never sees half of it.
 
     def _beat(self) -> None:
         while not self._stop.wait(self._heartbeat_sec):
