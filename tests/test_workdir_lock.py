@@ -64,7 +64,8 @@ def test_a_just_created_empty_lock_is_given_time_to_be_written(tmp_path, monkeyp
         writer = subprocess.Popen([sys.executable, "-c", (
             "import json, socket, sys, time; time.sleep(0.5); "
             f"open({str(lock_file)!r}, 'w').write(json.dumps({{'host': socket.gethostname(), "
-            f"'pid': {holder.pid}, 'started': time.time(), 'heartbeat': time.time(), 'command': 'other'}}))")])
+            f"'pid': {holder.pid}, 'started': time.time(), 'heartbeat': time.time(), "
+            "'command': 'other'}))")])
         error = _launch(tmp_path, monkeypatch)
         writer.wait()
         assert isinstance(error, workdir.WorkdirError) and f"pid {holder.pid}" in str(error)
@@ -95,7 +96,8 @@ def test_a_dead_runs_lock_whose_pid_was_reused_is_taken_over(tmp_path, monkeypat
         # The same pid with its own start time is the live holder: refused, naming it.
         lock_file.write_text(json.dumps(_lock_record(other.pid, pid_start=start)))
         error = _launch(tmp_path, monkeypatch)
-        assert isinstance(error, workdir.WorkdirError) and f"in use by another run: pid {other.pid}" in str(error)
+        assert isinstance(error, workdir.WorkdirError)
+        assert f"in use by another run: pid {other.pid}" in str(error)
         assert "\n" not in str(error)
         # A lock written before the machine rebooted is stale whatever its pid.
         lock_file.write_text(json.dumps(_lock_record(other.pid, pid_start=start, boot_id="another-boot")))
