@@ -99,6 +99,38 @@ def write_text_atomically(path: str | os.PathLike[str], text: str) -> None:
     os.replace(tmp, path)
 
 
+def set_aside(path: str | os.PathLike[str], problem: str, consequence: str) -> str | None:
+    """Moves a damaged workdir file out of the way (NAME.damaged-<time>-<pid>, kept for a post-mortem) with
+    a one-line warning saying what was wrong and what the run does instead; returns the new name, or None
+    where another process moved it first."""
+    path = epath.Path(path)
+    aside = path.with_name(f"{path.name}.damaged-{int(time.time())}-{os.getpid()}")
+    try:
+        path.rename(aside)
+    except OSError:
+        return None
+    logger.warning("%s %s: set aside as %s; %s", path, problem, aside.name, consequence)
+    return aside.name
+
+
+def read_json(path: str | os.PathLike[str], consequence: str) -> Any | None:
+    """The JSON a workdir file holds, or None where it is missing or damaged (cut short by a crash or a full
+    disk, garbage): a damaged file is set aside (`set_aside`) with a warning ending in `consequence`."""
+    path = epath.Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        set_aside(path, f"cannot be read ({describe_os_error(e)})", consequence)
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        set_aside(path, "is empty or not valid JSON" if text.strip() else "is empty", consequence)
+        return None
+
+
 # The failures that say the storage itself cannot take more (not a missing file or a bad path).
 STORAGE_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
 
@@ -222,13 +254,9 @@ class WorkdirLock:
             time.sleep(0.1)
         if self.holder() is not None or not self.path.exists():
             return
-        aside = self.path.with_name(f"{LOCK_FILENAME}.damaged-{int(time.time())}-{os.getpid()}")
-        try:
-            self.path.rename(aside)
-        except OSError:
-            return  # Another run moved or replaced it first; the exclusive create decides.
-        logger.warning("%s was empty or unreadable (what a crash while writing it leaves): set aside as %s.",
-                       self.path, aside.name)
+        # None: another run moved or replaced it first; the exclusive create decides.
+        set_aside(self.path, "was empty or unreadable (what a crash while writing it leaves)",
+                  "taking the workdir.")
 
     def acquire(self) -> None:
         """Takes the lock, or raises `WorkdirError` naming the run that holds it."""

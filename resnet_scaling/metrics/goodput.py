@@ -46,10 +46,13 @@ class GoodputRecorder:
     def __init__(self, workdir: str, start_step: int, launch_start_wall: float, write: bool = True) -> None:
         self._path = workdir_lib.as_path(workdir) / GOODPUT_FILENAME
         self._write = write
-        self.earlier = _read_launches(self._path) if start_step > 0 else []  # A fresh run starts afresh.
+        # Every earlier launch of this workdir counts, from step 0 too: one that died before its first
+        # checkpoint trained steps this launch redoes.
+        self.earlier = _read_launches(self._path)
         self.launch: dict[str, Any] = {
             "start_wall": launch_start_wall, "last_wall": launch_start_wall, "start_step": int(start_step),
             "last_step": int(start_step), "sec": dict.fromkeys(LAUNCH_BUCKETS, 0.0), "training_sec_at": {}}
+        self.record(start_step, {})  # A launch that dies before its first log point still counts.
 
     def record(self, step: int, sec: Mapping[str, float], checkpoint: bool = False) -> None:
         """Updates this launch's account at `step` (seconds so far by cause in this launch) and writes it;
@@ -104,6 +107,25 @@ def _training_sec_at(launch: Mapping[str, Any], step: int) -> float:
 
 
 def _read_launches(path: epath.Path) -> list[dict[str, Any]]:
-    if not path.exists():
+    """The earlier launches' accounts; none where the file is missing, and none (the file set aside with a
+    warning) where it is damaged or not an account this module wrote."""
+    consequence = "goodput counts from this launch on."
+    record = workdir_lib.read_json(path, consequence)
+    if record is None:
         return []
-    return list(json.loads(path.read_text())["launches"])
+    launches = record.get("launches") if isinstance(record, dict) else None
+    if not isinstance(launches, list) or not all(_is_launch(launch) for launch in launches):
+        workdir_lib.set_aside(path, "does not hold launch accounts", consequence)
+        return []
+    return launches
+
+
+def _is_launch(launch: Any) -> bool:
+    numbers = (int, float)
+    try:
+        return (all(isinstance(launch[k], numbers) for k in ("start_wall", "last_wall", "start_step",
+                                                             "last_step"))
+                and all(isinstance(launch["sec"][k], numbers) for k in LAUNCH_BUCKETS)
+                and isinstance(launch["training_sec_at"], dict))
+    except (KeyError, TypeError):
+        return False

@@ -1,0 +1,105 @@
+"""The files a run reads back from its workdir, damaged as crashes and full disks leave them: the next launch
+warns, sets the file aside and goes on; and goodput counts a launch that died before its first checkpoint."""
+
+import json
+import logging
+
+import pytest
+
+from resnet_scaling import checkpointing, trainer, workdir
+from tests.helpers import random_arrays, tiny_config
+
+
+def _config(**overrides):
+    defaults = {"training__num_train_steps": 6, "training__log_every_steps": 1, "checkpoint__enabled": True,
+                "checkpoint__every_steps": 3, "checkpoint__async_save": False}
+    return tiny_config(**{**defaults, **overrides})
+
+
+DAMAGED_ACCOUNTS = [b"", b'{"launches": [{"start_wall": 1', b"\xff\xfe garbage", b"[]", b'{"launches": 7}',
+                    b'{"launches": [{"start_wall": "soon"}]}']
+
+
+def test_a_damaged_goodput_json_is_set_aside_and_the_run_resumes(tmp_path, caplog):
+    arrays = random_arrays()
+    trainer.train_and_evaluate(_config(training__num_train_steps=3), str(tmp_path), arrays=arrays)
+    damage = DAMAGED_ACCOUNTS[1]  # Cut short, as a crash mid-write without an atomic rename leaves it.
+    (tmp_path / "goodput.json").write_bytes(damage)
+    with caplog.at_level(logging.WARNING):
+        resumed = trainer.train_and_evaluate(_config(), str(tmp_path), arrays=arrays)
+    assert resumed.start_step == 3 and int(resumed.state.step) == 6
+    aside = list(tmp_path.glob("goodput.json.damaged-*"))
+    assert len(aside) == 1 and aside[0].read_bytes() == damage
+    assert "goodput counts from this launch on" in caplog.text
+    # The new account holds this launch alone, and reads back whole.
+    launches = json.loads((tmp_path / "goodput.json").read_text())["launches"]
+    assert [(launch["start_step"], launch["last_step"]) for launch in launches] == [(3, 6)]
+    assert resumed.summary["goodput"]["launches"] == 1
+
+
+@pytest.mark.parametrize("damage", DAMAGED_ACCOUNTS)
+def test_every_kind_of_damaged_account_is_set_aside(tmp_path, caplog, damage):
+    (tmp_path / "goodput.json").write_bytes(damage)
+    with caplog.at_level(logging.WARNING):
+        recorder = trainer.metrics_lib.GoodputRecorder(str(tmp_path), start_step=5, launch_start_wall=1.0)
+    assert recorder.earlier == [] and "goodput counts from this launch on" in caplog.text
+    assert [p.read_bytes() for p in tmp_path.glob("goodput.json.damaged-*")] == [damage]
+    assert len(json.loads((tmp_path / "goodput.json").read_text())["launches"]) == 1
+
+
+def test_a_launch_that_dies_before_its_first_checkpoint_counts_in_goodput(tmp_path, monkeypatch):
+    # Launch 1 trains 4 steps and dies before any checkpoint (every 100 steps); launch 2 starts again at 0.
+    arrays = random_arrays()
+    config = _config(training__num_train_steps=8, checkpoint__every_steps=100)
+    real_save = checkpointing.Checkpointer.save
+
+    def die(self, step, state, clock):
+        raise RuntimeError("killed")
+
+    steps_done = []
+    real_write = trainer.metrics_lib.MetricWriters.write
+
+    def write_then_die_at_4(self, step, values):
+        real_write(self, step, values)
+        steps_done.append(step)
+        if step == 4:
+            raise RuntimeError("killed")
+
+    monkeypatch.setattr(checkpointing.Checkpointer, "save", die)
+    monkeypatch.setattr(trainer.metrics_lib.MetricWriters, "write", write_then_die_at_4)
+    with pytest.raises(RuntimeError, match="killed"):
+        trainer.train_and_evaluate(config, str(tmp_path), arrays=arrays)
+    monkeypatch.setattr(checkpointing.Checkpointer, "save", real_save)
+    monkeypatch.setattr(trainer.metrics_lib.MetricWriters, "write", real_write)
+    assert steps_done[-1] == 4 and not (tmp_path / "checkpoints" / "4").exists()
+
+    second = trainer.train_and_evaluate(config, str(tmp_path), arrays=arrays)
+    assert second.start_step == 0 and int(second.state.step) == 8
+    goodput = second.summary["goodput"]
+    assert goodput["launches"] == 2
+    assert goodput["recomputed_steps"] == 4  # steps 1-4, trained by launch 1 and again by launch 2
+    launches = json.loads((tmp_path / "goodput.json").read_text())["launches"]
+    assert [(launch["start_step"], launch["last_step"]) for launch in launches] == [(0, 4), (0, 8)]
+    assert goodput["total_wall_sec"] >= launches[1]["last_wall"] - launches[0]["start_wall"] - 1e-6
+
+
+def test_a_launch_is_counted_from_its_start_not_its_first_log_point(tmp_path):
+    recorder = trainer.metrics_lib.GoodputRecorder(str(tmp_path), start_step=0, launch_start_wall=123.0)
+    launches = json.loads((tmp_path / "goodput.json").read_text())["launches"]
+    assert len(launches) == 1 and launches[0]["start_wall"] == 123.0 and launches[0]["last_step"] == 0
+    again = trainer.metrics_lib.GoodputRecorder(str(tmp_path), start_step=0, launch_start_wall=456.0)
+    assert len(again.earlier) == 1 and recorder.launch["start_wall"] == 123.0
+
+
+def test_read_json_sets_aside_only_what_is_damaged(tmp_path, caplog):
+    good = tmp_path / "good.json"
+    good.write_text('{"a": 1}')
+    assert workdir.read_json(good, "x") == {"a": 1}
+    assert workdir.read_json(tmp_path / "missing.json", "x") is None
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"a": ')
+    with caplog.at_level(logging.WARNING):
+        assert workdir.read_json(bad, "the run goes on.") is None
+    assert not bad.exists() and len(list(tmp_path.glob("bad.json.damaged-*"))) == 1
+    assert "bad.json is empty or not valid JSON: set aside as bad.json.damaged-" in caplog.text
+    assert caplog.text.rstrip().endswith("the run goes on.")
