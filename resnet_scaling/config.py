@@ -21,6 +21,7 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 from resnet_scaling.data import DATA_SOURCES, RESIZE_METHODS
+from resnet_scaling.metrics.mlperf_log import SUBMISSION_DIVISIONS, SUBMISSION_STATUSES
 from resnet_scaling.models import COMPUTE_DTYPES, LOWERINGS, MODEL_NAMES
 from resnet_scaling.optim import LARS_VARIANTS, OPTIMIZERS, SCHEDULES, WEIGHT_DECAY_LEAVES
 from resnet_scaling.plan import DURATIONS, LR_SCALINGS, TRAINING_LENGTH, ConfigError, set_duration_field
@@ -201,6 +202,27 @@ def get_base_config() -> ml_collections.ConfigDict:
     config.eval.every_epochs = 1.0
     # Top-1 that counts as trained, for time-to-accuracy: the case study's 0.76; MLPerf's is 0.759.
     config.eval.target_top1 = 0.76
+
+    # MLPerf Training. Every run writes WORKDIR/mlperf_log.txt (process 0), MLPerf's log format through
+    # mlperf_logging's mllog (metrics/mlperf_log.py). MLPerf mode (`enabled`) also follows MLPerf's rules
+    # where they differ from the case study's: the step is compiled on the batch's shapes before run_start
+    # (no data read before the clock), evaluations every `eval_every_epochs` epochs counted by images seen
+    # (instead of eval.every_*), a stop at the first evaluation at or above `target_top1`, and MLPerf's
+    # training crop area, 0.05-1 (instead of data.crop_area_range).
+    config.mlperf = ml_collections.ConfigDict()
+    config.mlperf.enabled = False
+    config.mlperf.target_top1 = 0.759  # MLPerf's ResNet-50 target: run_stop says success at or above it.
+    config.mlperf.eval_every_epochs = 4  # MLPerf mode: evaluate after every 4th epoch (a whole number).
+    # The log's submission keys: who ran it ("" for "resnet_scaling"), on what ("" for config.system.name,
+    # else "<devices>x<device kind>"), the division ("closed" or "open") and the status ("cloud", "onprem",
+    # "preview" or "research").
+    config.mlperf.submission_org = ""
+    config.mlperf.submission_platform = ""
+    config.mlperf.submission_division = "closed"
+    config.mlperf.submission_status = "research"
+    # cache_clear's value: set True when the launch dropped the OS page cache before the run, as MLPerf
+    # asks (`sync; echo 3 > /proc/sys/vm/drop_caches`, as root); the library cannot do it itself.
+    config.mlperf.caches_cleared = False
     return config
 
 
@@ -307,6 +329,19 @@ def _validate_durations(config: ml_collections.ConfigDict) -> None:
             _require(value >= 0, field, f"must be >= 0 (0 for none), got {value}.")
 
 
+def _validate_mlperf(mlperf: ml_collections.ConfigDict) -> None:
+    """MLPerf's log and mode (metrics/mlperf_log.py): a target in (0, 1], whole epochs between MLPerf-mode
+    evaluations (its blocks are whole epochs), and submission keys MLPerf's checker accepts."""
+    target = mlperf.target_top1
+    _require(0.0 < target <= 1.0, "mlperf.target_top1",
+             f"must lie in (0, 1] (MLPerf's is 0.759), got {target}.")
+    every = mlperf.eval_every_epochs
+    _require(every > 0 and float(every).is_integer(), "mlperf.eval_every_epochs",
+             f"use a whole number of epochs (MLPerf's rule is 4), got {every}.")
+    _require_choice(mlperf.submission_division, "mlperf.submission_division", SUBMISSION_DIVISIONS)
+    _require_choice(mlperf.submission_status, "mlperf.submission_status", SUBMISSION_STATUSES)
+
+
 def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
     """Refuses invalid settings with a `ConfigError` that names the field and the fix.
 
@@ -357,6 +392,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
         f"ResNets downsample by 32; use at least 32 pixels, got {config.data.image_size}.",
     )
     _validate_durations(config)
+    _validate_mlperf(config.mlperf)
     window = tuple(config.training.profile_steps)
     _require(window == (0, 0) or (len(window) == 2 and all(isinstance(s, int) for s in window)
                                   and 0 < window[0] <= window[1]),

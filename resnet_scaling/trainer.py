@@ -24,6 +24,7 @@ from resnet_scaling import metrics as metrics_lib
 from resnet_scaling import plan as plan_lib
 from resnet_scaling import workdir as workdir_lib
 from resnet_scaling.errors import RunError
+from resnet_scaling.metrics import mlperf_log
 
 logger = logging.getLogger(__name__)
 
@@ -154,9 +155,18 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                                  saved_clock, launch_start_wall)
     goodput = metrics_lib.GoodputRecorder(workdir, start_step, launch_start_wall, write=is_writer)
 
-    batches = source.train_batches(start_step=start_step)
-    batch = next(batches)
-    train_step_fn, compile_sec = run.compile_train_step(state, batch)
+    mlperf_mode = bool(config.mlperf.enabled)
+    mlperf, schedule, last_step = _open_mlperf_log(run, workdir, clock, start_step, launch_start_wall, log,
+                                                   write=is_writer)
+    if mlperf_mode:
+        # MLPerf: no training data is touched before run_start, so the step is compiled on the batch's
+        # shapes (the ahead-of-time path) and the first batch is read on the clock.
+        batches, batch = None, None
+        train_step_fn, compile_sec = run.compile_train_step(state)
+    else:
+        batches = source.train_batches(start_step=start_step)
+        batch = next(batches)
+        train_step_fn, compile_sec = run.compile_train_step(state, batch)
     _log_compiled(log, train_step_fn, compile_sec)
     writers = (metrics_lib.MetricWriters(workdir, tensorboard=config.training.tensorboard,
                                          config_text=str(config), resume_step=start_step)
@@ -171,17 +181,23 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
     interval_first_step = start_step + 1  # First step of the current log interval.
     guard = DivergenceGuard(state, start_step, config.training.max_param_norm_growth, checkpointer)
     in_flight = steps_in_flight_bound(MAX_STEPS_AHEAD)
+    mlperf.run_start()
     clock.start(compile_sec)
+    stopped = False  # MLPerf mode: an evaluation reached MLPerf's target.
     try:
-        for step in range(start_step + 1, plan.total_steps + 1):  # `step` counts the steps done after it.
-            if step > start_step + 1:
+        if batches is None:
+            batches = source.train_batches(start_step=start_step)
+        for step in range(start_step + 1, last_step + 1):  # `step` counts the steps done after it.
+            if batch is None or step > start_step + 1:
                 input_start = time.perf_counter()
                 batch = next(batches)
                 clock.add_input_wait(step, time.perf_counter() - input_start)
+            mlperf.before_step(step)
             profiler.before_step(step)
             state, step_metrics = train_step_fn(state, batch)
             in_flight(step_metrics)  # SIGTERM is seen within MAX_STEPS_AHEAD steps of the device.
             profiler.after_step(step, state)
+            mlperf.after_step(step)
             buffer.append(step, step_metrics)
             clock.timer.count()
             if step == plan.timing_warmup_steps:
@@ -189,7 +205,9 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                 jax.block_until_ready(step_metrics)
                 clock.steady.end_warmup(clock.timer.read_total_sec())
             last = step == plan.total_steps
-            if _due(step, plan.log_every_steps, last):
+            eval_due = schedule.due(step)
+            # MLPerf mode may stop at any evaluation: its steps are log points too.
+            if _due(step, plan.log_every_steps, last) or (mlperf_mode and eval_due):
                 guard.check_losses(buffer.fetch())
                 if checkpointer is not None:
                     checkpointer.check_saves()  # A failed background save ends the run now, not later.
@@ -204,9 +222,14 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                 if is_writer:
                     _log_train(plan, record)
                     writers.write(step, record)
-            if _due(step, plan.eval_every_steps, last):
+            if eval_due:
                 clock.pause(wait_for=state)  # Evaluation stays off the training clock.
+                mlperf.eval_start(step)
                 eval_metrics = _evaluate_and_track(run, state, step, clock, log)
+                if mlperf.eval_stop(step, eval_metrics["eval_top1"]) and mlperf_mode:
+                    stopped, clock.mlperf_stop_step = True, step
+                    log("Reached MLPerf's target top-1 %.4f at epoch %.3f by images seen: the run stops "
+                        "(MLPerf mode).", config.mlperf.target_top1, mlperf.epoch_num(step))
                 result.eval_history.append(eval_metrics)
                 if is_writer:
                     writers.write(step, eval_metrics)
@@ -215,7 +238,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                 goodput.record(step, clock.launch_sec())
                 clock.resume()
             result.preempted = watcher.reached(step)
-            save_due = _due(step, plan.checkpoint_every_steps, last) or result.preempted
+            save_due = _due(step, plan.checkpoint_every_steps, last) or result.preempted or stopped
             if checkpointer is not None and save_due:
                 clock.pause(wait_for=state)  # Checkpointing stays off the training clock too.
                 # A checkpoint must never hold a diverged state: the losses since the last fetch, then the
@@ -231,7 +254,10 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                     f"checkpoint saved in {checkpointer.directory}" if checkpointer else
                     "checkpoints are off (config.checkpoint.enabled), nothing was saved")
                 break
+            if stopped:
+                break
         clock.pause(wait_for=state)
+        mlperf.run_stop(mlperf_log.ABORTED if result.preempted else None)
         # A launch that ran no step (the run was already complete) leaves an existing export as it is:
         # rewriting its config.json would record settings no step used.
         ran_a_step = int(state.step) > start_step
@@ -240,17 +266,46 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
             log("Exported the final parameters to %s.", checkpointer.export(state))
         result.state = state
         goodput.record(int(state.step), clock.launch_sec())
-        result.summary = _summary(run, clock, goodput, result, metrics_lib.flops_per_device(train_step_fn))
+        result.summary = _summary(run, clock, goodput, result, metrics_lib.flops_per_device(train_step_fn),
+                                  mlperf.summary())
         if is_writer:
             _write_summary_and_headline(workdir, result, writers, checkpointer)
     finally:
+        mlperf.close()  # run_stop(aborted) if an error ended the run.
         profiler.stop()
         watcher.close()
+        if batches is not None:
+            batches.close()  # Ends the input pipeline now, not when the garbage collector frees it.
         if checkpointer is not None:
             checkpointer.close()  # Waits for saves under way: nothing started is lost.
         if writers is not None:
             writers.close()
     return result
+
+
+def _open_mlperf_log(run: training_setup.TrainingSetup, workdir: str, clock: metrics_lib.RunClock,
+                     start_step: int, launch_start_wall: float, log: Callable[..., None], *, write: bool
+                     ) -> tuple[mlperf_log.MLPerfLog, mlperf_log.EvalSchedule, int]:
+    """The launch's MLPerf log, with its init events logged; the evaluation schedule; the last step to
+    train (the start step for an MLPerf-mode run that already stopped at the target)."""
+    config, plan = run.config, run.plan
+    last_step = plan.total_steps
+    if config.mlperf.enabled and clock.mlperf_stop_step is not None:
+        log("This MLPerf-mode run reached MLPerf's target top-1 at step %d and stopped: nothing to train.",
+            clock.mlperf_stop_step)
+        last_step = start_step
+    schedule = mlperf_log.eval_schedule(config, plan)
+    # A launch with nothing left to train adds nothing to the MLPerf log.
+    mlperf = mlperf_log.MLPerfLog(workdir, config, plan, schedule, write=write and start_step < last_step,
+                                  start_step=start_step)
+    device = run.mesh.devices.flat[0]
+    mlperf.init_start(config, f"{run.mesh.size}x{device.device_kind}", launch_start_wall)
+    if config.mlperf.enabled:
+        log("MLPerf mode: evaluations after steps %s (every %d epochs by images seen), a stop at the first "
+            "at or above top-1 %.3f; MLPerf log %s.",
+            ", ".join(map(str, schedule.steps[:3])) + (", ..." if len(schedule.steps) > 3 else ""),
+            config.mlperf.eval_every_epochs, config.mlperf.target_top1, mlperf.path)
+    return mlperf, schedule, last_step
 
 
 def _restore(checkpointer: checkpointing.Checkpointer | None, state: steps.TrainState,
@@ -362,7 +417,7 @@ def _evaluate_and_track(run: training_setup.TrainingSetup, state: steps.TrainSta
 
 def _summary(run: training_setup.TrainingSetup, clock: metrics_lib.RunClock,
              goodput: metrics_lib.GoodputRecorder, result: TrainResult,
-             flops_per_device: float | None) -> dict[str, Any]:
+             flops_per_device: float | None, mlperf: dict[str, Any]) -> dict[str, Any]:
     """The run's headline figures in `metrics.summary`'s schema."""
     plan, mesh = run.plan, run.mesh
     device = mesh.devices.flat[0]
@@ -384,6 +439,7 @@ def _summary(run: training_setup.TrainingSetup, clock: metrics_lib.RunClock,
         accuracy=clock.time_to_accuracy.result(),
         utilisation=metrics_lib.utilisation(flops_per_device, sec_per_step, mesh.size, device.device_kind),
         goodput=goodput.summary(),
+        mlperf=mlperf,
         config=run.config.to_dict())
 
 

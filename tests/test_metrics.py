@@ -196,6 +196,8 @@ SUMMARY_KEYS = {
     "goodput": {"total_wall_sec", "productive_sec", "goodput", "launches", "recomputed_steps",
                 "initialization_sec", "compilation_sec", "input_wait_sec", "evaluation_sec",
                 "checkpointing_sec", "recomputed_steps_sec", "restart_gaps_sec", "other_sec"},
+    "mlperf": {"mode", "log_file", "target_top1", "status", "time_to_train_sec", "epochs_to_target",
+               "run_sec", "init_sec", "resumed"},
 }
 EVAL_SLEEP_SEC = 0.5
 STEP_SLEEP_SEC = 0.1

@@ -21,13 +21,16 @@ from resnet_scaling import mesh as mesh_lib
 from resnet_scaling.errors import RunError
 from resnet_scaling.plan import BatchPlan
 
-__all__ = ["RESIZE_METHODS", "Batch", "DataError", "DataSource", "pad_batch", "prefetch",
-           "process_share", "shaped_train_batch"]
+__all__ = ["MLPERF_CROP_AREA_RANGE", "RESIZE_METHODS", "Batch", "DataError", "DataSource", "pad_batch",
+           "prefetch", "process_share", "shaped_train_batch"]
 
 Batch = dict[str, jax.Array]
 
 # `tf.image.resize` methods the preprocessing accepts (`config.data.resize_method`).
 RESIZE_METHODS = ("bilinear", "bicubic", "area")
+# MLPerf's training crop: a random window of 5-100% of the image's area (the reference's is 8-100%); an
+# MLPerf-mode run (`config.mlperf.enabled`) trains with it whatever `data.crop_area_range` says.
+MLPERF_CROP_AREA_RANGE = (0.05, 1.0)
 
 
 class DataError(RunError, ValueError):

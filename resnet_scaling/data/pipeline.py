@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import threading
 from collections.abc import Iterator
 
 import jax
@@ -24,7 +25,14 @@ from jax.sharding import Mesh
 
 from resnet_scaling import mesh as mesh_lib
 from resnet_scaling.data import image_folders, preprocessing, records, shapes
-from resnet_scaling.data.base import Batch, DataError, pad_batch, prefetch, process_share
+from resnet_scaling.data.base import (
+    MLPERF_CROP_AREA_RANGE,
+    Batch,
+    DataError,
+    pad_batch,
+    prefetch,
+    process_share,
+)
 from resnet_scaling.data.records import RecordShare
 from resnet_scaling.plan import BatchPlan
 
@@ -88,10 +96,13 @@ def record_shares(config: ml_collections.ConfigDict, process_index: int, process
                   len(train_files.class_names), description)
 
 
-def preprocess_config(data: ml_collections.ConfigDict) -> preprocessing.PreprocessConfig:
-    """The preprocessing settings of `config.data`."""
+def preprocess_config(data: ml_collections.ConfigDict, *, mlperf: bool = False
+                      ) -> preprocessing.PreprocessConfig:
+    """The preprocessing settings of `config.data`; `mlperf` (an MLPerf-mode run) crops MLPerf's area,
+    `MLPERF_CROP_AREA_RANGE`, instead of `data.crop_area_range`."""
     return preprocessing.PreprocessConfig(
-        image_size=data.image_size, crop_area_range=tuple(data.crop_area_range),
+        image_size=data.image_size,
+        crop_area_range=MLPERF_CROP_AREA_RANGE if mlperf else tuple(data.crop_area_range),
         crop_aspect_range=tuple(data.crop_aspect_range), crop_attempts=data.crop_attempts,
         random_flip=data.random_flip, eval_resize_size=data.eval_resize_size,
         resize_method=data.resize_method)
@@ -109,8 +120,8 @@ def source_from_config(config: ml_collections.ConfigDict, mesh: Mesh, batch: Bat
                  shares.train.num_examples, shares.eval.num_examples)
     data = config.data
     return TFDataSource(
-        shares, preprocess=preprocess_config(data), batch=batch, mesh=mesh, seed=config.seed,
-        num_threads=data.num_threads, prefetch_batches=data.prefetch_batches,
+        shares, preprocess=preprocess_config(data, mlperf=config.mlperf.enabled), batch=batch, mesh=mesh,
+        seed=config.seed, num_threads=data.num_threads, prefetch_batches=data.prefetch_batches,
         device_prefetch=data.device_prefetch)
 
 
@@ -210,13 +221,17 @@ class TFDataSource:
     def _global_train_batches(self, start_step: int) -> Iterator[Batch]:
         per_epoch = self._train.num_examples
         expected = start_step * self._local_batch
-        for local in self.train_dataset(start_step).as_numpy_iterator():
-            index = local.pop("index")
-            missing = np.setdiff1d(np.arange(expected, index[-1] + 1), index)
-            if missing.size:
-                self._note_train_skips(missing, per_epoch)
-            expected = int(index[-1]) + 1
-            yield mesh_lib.host_local_to_global(local, self._mesh)
+        iterator = [self.train_dataset(start_step).as_numpy_iterator()]  # Deleted by _delete_iterator.
+        try:
+            for local in iterator[0]:
+                index = local.pop("index")
+                missing = np.setdiff1d(np.arange(expected, index[-1] + 1), index)
+                if missing.size:
+                    self._note_train_skips(missing, per_epoch)
+                expected = int(index[-1]) + 1
+                yield mesh_lib.host_local_to_global(local, self._mesh)
+        finally:
+            _delete_iterator(iterator)
 
     def _note_train_skips(self, positions: np.ndarray, per_epoch: int) -> None:
         """Counts skipped stream positions; warns once per file, naming those not named before."""
@@ -242,10 +257,14 @@ class TFDataSource:
         b = self._local_eval_batch
         size = self._preprocess.image_size
         evaluated, num_batches = [], 0
-        for local in self.eval_dataset().as_numpy_iterator():
-            evaluated.append(local.pop("index"))
-            num_batches += 1
-            yield pad_batch(local, b)
+        iterator = [self.eval_dataset().as_numpy_iterator()]  # Deleted by _delete_iterator.
+        try:
+            for local in iterator[0]:
+                evaluated.append(local.pop("index"))
+                num_batches += 1
+                yield pad_batch(local, b)
+        finally:
+            _delete_iterator(iterator)
         for _ in range(self._num_eval_batches - num_batches):
             empty = {"images": np.zeros((0, size, size, 3), np.uint8), "labels": np.zeros((0,), np.int32)}
             yield pad_batch(empty, b)
@@ -264,6 +283,22 @@ class TFDataSource:
         logger.warning("Evaluation left out %d undecodable image(s) of this process's %d (it covers %d): %s; "
                        "remove or replace them to evaluate on the whole split.", n, total, total - n,
                        image_folders.name_few([self._eval.name(int(i)) for i in left_out], 5))
+
+
+def _delete_iterator(holder: list) -> None:
+    """Deletes the tf.data iterator that `holder` (a one-item list, its only reference) holds, on a daemon
+    thread, so that the caller does not wait for it.
+
+    Deleting an iterator cancels its autotuning thread and waits for it to end. That thread can miss the
+    cancellation: TensorFlow's CancellationManager wakes it before marking itself cancelled, and when it
+    checks in between it sleeps out the rest of its period, which doubles up to a minute. Deleted on the
+    caller's thread, the iterator then held up the end of an evaluation or of the run, or the process's exit
+    (~30 s after the demo's headline), for that long.
+    """
+    try:
+        threading.Thread(target=holder.clear, name="tf.data iterator deletion", daemon=True).start()
+    except RuntimeError:  # The interpreter is shutting down and starts no threads: delete it here.
+        holder.clear()
 
 
 def _check_decodable(name: str, share: RecordShare, config: preprocessing.PreprocessConfig,

@@ -11,6 +11,7 @@
 | `utilisation.py` | achieved TFLOP/s per device, MFU against the peak rates of hardware.py |
 | `writers.py` | JSON lines, TensorBoard event files, console durations |
 | `summary.py` | `summary.json`: the headline figures of a run and its config |
+| `mlperf_log.py` | WORKDIR/mlperf_log.txt through mllog, MLPerf's clock, MLPerf mode's evaluations |
 """
 
 from resnet_scaling.hardware import peak_tflops_per_device

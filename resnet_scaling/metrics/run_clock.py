@@ -31,6 +31,8 @@ class RunClock:
       steady: the steady-state throughput after the timing warm-up.
       time_to_accuracy: when the target top-1 was first reached.
       eval_sec, checkpoint_sec: seconds spent evaluating and saving, over every launch.
+      mlperf_stop_step: the step after which an MLPerf-mode run reached MLPerf's target and stopped (None
+        before): a launch resumed from that checkpoint has nothing left to train.
     """
 
     def __init__(self, global_batch_size: int, timing_warmup_steps: int, target_top1: float,
@@ -49,6 +51,7 @@ class RunClock:
         self.eval_sec = float(saved.get("eval_sec", 0.0))
         self.checkpoint_sec = float(saved.get("checkpoint_sec", 0.0))
         self._wall_sec_before = float(saved.get("wall_sec", 0.0))
+        self.mlperf_stop_step: int | None = saved.get("mlperf_stop_step")
         self._loop_start: float | None = None
 
     def start(self, compile_sec: float = 0.0) -> None:
@@ -99,7 +102,8 @@ class RunClock:
         return {"train_sec": self.timer.total_sec, "eval_sec": self.eval_sec,
                 "checkpoint_sec": self.checkpoint_sec, "wall_sec": self.wall_sec(),
                 "steady_state": self.steady.state_dict(),
-                "time_to_accuracy": self.time_to_accuracy.state_dict()}
+                "time_to_accuracy": self.time_to_accuracy.state_dict(),
+                "mlperf_stop_step": self.mlperf_stop_step}
 
     def time_summary(self, compile_sec: float) -> dict[str, float]:
         """The summary's `time` section."""

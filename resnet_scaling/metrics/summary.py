@@ -13,7 +13,8 @@ a figure is unknown: no timed region, no evaluation reached the target, no publi
 - `time`: `compile_sec`, `train_sec` (the whole training clock, warm-up included), `eval_sec`,
   `checkpoint_sec`, `wall_sec` (the training loop's wall time, everything included)
 - `accuracy`: `target_top1`, `reached`, `time_to_accuracy_sec` (the case study's timed region),
-  `mlperf_time_to_accuracy_sec` (wall clock from the start, evaluation included), `epochs_to_accuracy`,
+  `mlperf_time_to_accuracy_sec` (the training loop's wall clock, evaluation included, over every launch;
+  `mlperf.time_to_train_sec` is MLPerf's own, from its log), `epochs_to_accuracy`,
   `steps_to_accuracy`, `final_eval_top1`, `best_eval_top1`, `num_evals`
 - `utilisation`: `flops_per_step`, `flops_per_step_per_device`, `tflops_per_sec_per_device`,
   `peak_tflops_per_device`, `mfu`
@@ -21,6 +22,13 @@ a figure is unknown: no timed region, no evaluation reached the target, no publi
   `total_wall_sec`, `productive_sec`, `goodput` (their ratio), `launches`, `recomputed_steps`, and the
   badput by cause: `initialization_sec`, `compilation_sec`, `input_wait_sec`, `evaluation_sec`,
   `checkpointing_sec`, `recomputed_steps_sec`, `restart_gaps_sec`, `other_sec`
+- `mlperf` (this launch's WORKDIR/mlperf_log.txt on the log's own clock, `metrics/mlperf_log.py`; null
+  where a producer has none): `mode` ("mlperf" or "case_study"), `log_file`, `target_top1`
+  (`mlperf.target_top1`), `status` (run_stop's: "success" or "aborted"), `time_to_train_sec` (MLPerf's
+  time-to-train: run_start to the first evaluation at or above the target, where MLPerf mode logs
+  run_stop; null if none reached it or the launch resumed), `epochs_to_target` (that evaluation's
+  `epoch_num`: images seen / training examples), `run_sec` (run_start to run_stop), `init_sec`
+  (init_start to init_stop), `resumed`
 - `config`: the run's config (`config.to_dict()`)
 """
 
@@ -35,7 +43,7 @@ from etils import epath
 
 from resnet_scaling import workdir as workdir_lib
 
-SUMMARY_SCHEMA_VERSION = 2  # 2: the goodput section.
+SUMMARY_SCHEMA_VERSION = 3  # 2: the goodput section; 3: the mlperf section.
 SUMMARY_FILENAME = "summary.json"
 
 # Each section's keys and the JSON types a value may take (None: null allowed); read-only proxies, so no
@@ -64,6 +72,9 @@ _SCHEMA = {
                 **{f"{cause}_sec": (*_NUM, None) for cause in (
                     "initialization", "compilation", "input_wait", "evaluation", "checkpointing",
                     "recomputed_steps", "restart_gaps", "other")}},
+    "mlperf": {"mode": (str, None), "log_file": (str, None), "target_top1": (*_NUM, None),
+               "status": (str, None), "time_to_train_sec": (*_NUM, None), "epochs_to_target": (*_NUM, None),
+               "run_sec": (*_NUM, None), "init_sec": (*_NUM, None), "resumed": (bool, None)},
 }
 SUMMARY_SCHEMA: Mapping[str, Mapping[str, tuple[type | None, ...]]] = types.MappingProxyType(
     {name: types.MappingProxyType(keys) for name, keys in _SCHEMA.items()})
@@ -72,18 +83,20 @@ del _SCHEMA
 
 def build_summary(*, run: Mapping[str, Any], throughput: Mapping[str, Any], time: Mapping[str, Any],
                   accuracy: Mapping[str, Any], utilisation: Mapping[str, Any],
-                  config: Mapping[str, Any], goodput: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  config: Mapping[str, Any], goodput: Mapping[str, Any] | None = None,
+                  mlperf: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Assembles a summary from its sections, keeping only the schema's keys (so it cannot drift).
 
-    `goodput` may be left out by producers that have no launch history (fixtures, other tools): its
-    figures are then null.
+    `goodput` and `mlperf` may be left out by producers that have no launch history or MLPerf log
+    (fixtures, other tools): their figures are then null.
 
     Raises:
       KeyError: if a section lacks a key of the schema.
     """
     sections = {"run": run, "throughput": throughput, "time": time, "accuracy": accuracy,
                 "utilisation": utilisation,
-                "goodput": goodput if goodput is not None else dict.fromkeys(SUMMARY_SCHEMA["goodput"])}
+                "goodput": goodput if goodput is not None else dict.fromkeys(SUMMARY_SCHEMA["goodput"]),
+                "mlperf": mlperf if mlperf is not None else dict.fromkeys(SUMMARY_SCHEMA["mlperf"])}
     summary: dict[str, Any] = {"schema_version": SUMMARY_SCHEMA_VERSION}
     for name, keys in SUMMARY_SCHEMA.items():
         summary[name] = {key: sections[name][key] for key in keys}
