@@ -244,6 +244,14 @@ class Checkpointer:
           CheckpointSaveError: an earlier background save failed, or this one could not start.
         """
         self.check_saves()
+        if self.last_started_step is not None:
+            # orbax's save() first waits for the previous one; a failure of that one is its own, not this
+            # step's.
+            try:
+                self._manager.wait_until_finished()
+            except Exception as e:  # noqa: BLE001
+                raise self._save_error(self.last_started_step, e) from e
+            self.check_saves()
         meta = {"step": int(step), "config": config_fingerprint(self._config), "clock": clock,
                 "run_config": json.loads(self._config.to_json_best_effort()),
                 "fingerprints": state_checks.fingerprint(state)}

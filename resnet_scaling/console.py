@@ -5,30 +5,103 @@ The library logs through `logging.getLogger("resnet_scaling.<module>")`. Command
 library's (orbax writes a dozen INFO lines per checkpoint) at WARNING, unless `--verbosity` is given.
 Research code that calls `train_and_evaluate` without configuring logging still sees progress
 (`show_progress()`).
+
+Another library's traceback (orbax logs several per failed save, dozens of lines each) shows on the
+console as its one message line; the whole record goes to the log file the entry point names
+(WORKDIR/logs/), so that the library's own `error:` line is not buried and nothing is lost. A failed
+command ends within `EXIT_GRACE_SEC` of its `error:` line (`exit_after_error`), whatever threads another
+library left waiting.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import sys
+import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
 LIBRARY_LOGGER = "resnet_scaling"
+# How long a failed command waits for other threads (an orbax save in flight) after its error line.
+EXIT_GRACE_SEC = 10.0
 
 
-def configure_command_line_logging() -> None:
+def configure_command_line_logging(workdir: str | None = None) -> str | None:
     """Our progress at INFO, other libraries at WARNING, unless absl's `--verbosity` asks for more
-    (`--verbosity=0` shows every library's INFO lines, `--verbosity=1` their debug lines too)."""
+    (`--verbosity=0` shows every library's INFO lines, `--verbosity=1` their debug lines too).
+
+    With a local `workdir`, every record also goes whole to WORKDIR/logs/<host>-<pid>.log, and the console
+    shows other libraries' tracebacks as one line pointing there (module docstring). Returns the log
+    file's path, or None.
+    """
     from absl import flags
     from absl import logging as absl_logging
 
     if flags.FLAGS["verbosity"].present:
         absl_logging.set_verbosity(flags.FLAGS.verbosity)
         logging.getLogger(LIBRARY_LOGGER).setLevel(min(logging.INFO, logging.root.level))
-        return
-    absl_logging.set_verbosity(absl_logging.WARNING)  # The root logger: every other library.
-    logging.getLogger(LIBRARY_LOGGER).setLevel(logging.INFO)
+    else:
+        absl_logging.set_verbosity(absl_logging.WARNING)  # The root logger: every other library.
+        logging.getLogger(LIBRARY_LOGGER).setLevel(logging.INFO)
+    log_file = _open_log_file(workdir)
+    if log_file is not None and not flags.FLAGS["verbosity"].present:
+        console = absl_logging.get_absl_handler().python_handler
+        console.setFormatter(_collapsing_formatter(console.formatter, log_file))
+    return log_file
+
+
+def _open_log_file(workdir: str | None) -> str | None:
+    if not workdir or "://" in workdir:
+        return None  # An object store has no appendable files; --verbosity shows everything instead.
+    path = os.path.join(os.path.abspath(workdir), "logs", f"{socket.gethostname()}-{os.getpid()}.log")
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        handler = logging.FileHandler(path, encoding="utf-8")
+    except OSError:
+        return None  # The workdir check reports an unwritable workdir in its own words.
+    from absl import logging as absl_logging
+
+    handler.setFormatter(absl_logging.PythonFormatter())
+    logging.root.addHandler(handler)
+    return path
+
+
+def _collapsing_formatter(inner: logging.Formatter | None, log_file: str) -> logging.Formatter:
+    """`inner`, but another library's record prints without its traceback, pointing at `log_file`."""
+
+    class CollapsingFormatter(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            if not record.exc_info or record.name.split(".")[0] == LIBRARY_LOGGER:
+                return (inner or logging.Formatter()).format(record)
+            saved = record.exc_info, record.exc_text
+            record.exc_info, record.exc_text = None, None
+            try:
+                text = (inner or logging.Formatter()).format(record)
+            finally:
+                record.exc_info, record.exc_text = saved
+            return f"{text} [traceback: {log_file}]"
+
+    return CollapsingFormatter()
+
+
+def exit_after_error(message: str, code: int = 1) -> None:
+    """Prints `message` (one `error:` line), then ends the process within `EXIT_GRACE_SEC`: other threads
+    get that long to finish (a save in flight), and one that waits on a save that already failed (orbax's
+    signalling threads) cannot hold the process open."""
+    print(message, file=sys.stderr, flush=True)
+    deadline = time.monotonic() + EXIT_GRACE_SEC
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            try:
+                thread.join(max(0.0, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - orbax's threads raise TimeoutError from join(timeout).
+                pass
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(code)
 
 
 def show_progress() -> None:

@@ -51,7 +51,7 @@ _PRINT_CONFIG = flags.DEFINE_bool("print_config", False, "Print the config befor
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-    console.configure_command_line_logging()
+    console.configure_command_line_logging(_WORKDIR.value)
     # These must run before anything initialises a JAX backend.
     if xla_flags.no_accelerator_found():
         jax.config.update("jax_platforms", "cpu")
@@ -78,7 +78,11 @@ def main(argv: list[str]) -> None:
     try:
         result = trainer.train_and_evaluate(config, _WORKDIR.value)  # Validates the config first, once.
     except errors.RunError as e:  # Bad config, data, workdir, checkpoints, divergence: say what to do.
-        raise SystemExit(f"error: {e}") from None
+        console.exit_after_error(f"error: {e}")
+    except Exception:  # A bug: its traceback, then the same bounded exit.
+        logger.exception("The run failed:")
+        console.exit_after_error("error: the run failed with the traceback above; the last complete "
+                                 "checkpoint (if any) resumes with the same command.")
     if result.preempted:
         # Everything is saved and closed; do not wait for the input pipeline's threads to wind down
         # (tens of seconds with a large shuffle buffer) while a preempted VM's grace period runs out.
