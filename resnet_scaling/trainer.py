@@ -25,6 +25,7 @@ from resnet_scaling import plan as plan_lib
 from resnet_scaling import workdir as workdir_lib
 from resnet_scaling.errors import RunError
 from resnet_scaling.metrics import mlperf_log
+from resnet_scaling.metrics.summary import SUMMARY_FILENAME
 
 logger = logging.getLogger(__name__)
 
@@ -142,12 +143,16 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
     plan, source, state = run.plan, run.source, run.state
     is_writer = jax.process_index() == 0
     log = logger.info if is_writer else logger.debug
-    if is_writer:
-        _write_config(workdir, config)
     _log_setup(log, run)
     checkpointer = checkpointing.Checkpointer(workdir, config) if config.checkpoint.enabled else None
     state, saved_meta = _restore(checkpointer, state, plan, log)
     start_step = int(state.step)
+    if start_step >= plan.total_steps and checkpointer is not None:
+        finished = _already_finished(workdir, run, state, checkpointer, log)
+        if finished is not None:
+            return finished
+    if is_writer:  # After the checks above: config.json never records settings that trained no step.
+        _write_config(workdir, config)
     saved_clock = saved_meta.get("clock") if saved_meta else None
     if is_writer and saved_meta:
         _record_changes_on_resume(workdir, saved_meta, config, start_step)
@@ -281,6 +286,34 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
         if writers is not None:
             writers.close()
     return result
+
+
+def _already_finished(workdir: str, run: training_setup.TrainingSetup, state: steps.TrainState,
+                      checkpointer: checkpointing.Checkpointer, log: Callable[..., None]
+                      ) -> TrainResult | None:
+    """A workdir whose checkpoint is at or past this run's last step: refused in one line when past it (a
+    run cannot train backwards, and the state of another step would pass for this run's result); at it,
+    a result from the finished run's own summary.json, which stays as it was, or None when that summary
+    cannot be read (the run then ends normally and writes it)."""
+    step, total = int(state.step), run.plan.total_steps
+    if step > total:
+        checkpointer.close()
+        raise plan_lib.ConfigError(
+            f"The newest checkpoint in {checkpointer.directory} is at step {step}, past this run's {total} "
+            f"steps (training.num_train_steps, num_examples or num_epochs): ask for at least {step} steps to "
+            "go on from it, or use another --workdir.")
+    summary_path = workdir_lib.as_path(workdir) / SUMMARY_FILENAME
+    summary = workdir_lib.read_json(summary_path, "the run writes it again.")
+    usable = isinstance(summary, dict) and (summary.get("run") or {}).get("final_step") == total
+    if jax.process_count() > 1:  # Every process takes the same way out: process 0's.
+        usable = bool(multihost_utils.broadcast_one_to_all(np.int32(usable)))
+    if not usable:
+        return None
+    checkpointer.close()
+    log("Nothing to train: this workdir's run finished at step %d of %d. Its summary (%s) is left as it "
+        "was; use another --workdir, or more steps, to train again.", step, total, summary_path)
+    return TrainResult(state=state, plan=run.plan, train_history=[], eval_history=[], compile_sec=0.0,
+                       start_step=step, summary=summary if isinstance(summary, dict) else {})
 
 
 def _open_mlperf_log(run: training_setup.TrainingSetup, workdir: str, clock: metrics_lib.RunClock,
