@@ -451,18 +451,28 @@ def _move_tree(source: epath.Path, target: epath.Path) -> None:
     source.rmtree(missing_ok=True)
 
 
-# TensorStore's status codes in an error, and what they mean for a checkpoint's files.
-_TENSORSTORE_CAUSES = {"DATA_LOSS": "a file is truncated or corrupt", "NOT_FOUND": "a file is missing",
+# TensorStore's status codes in an error, and what they mean for a checkpoint's files. OUT_OF_RANGE: a
+# read past the end of a file (one cut short).
+_TENSORSTORE_CAUSES = {"DATA_LOSS": "a file is truncated or corrupt", "OUT_OF_RANGE": "a file is truncated",
+                       "NOT_FOUND": "a file is missing",
                        "PERMISSION_DENIED": "a file cannot be read (permissions)"}
 
 
 def describe_checkpoint_error(error: BaseException) -> str:
-    """A one-line cause for a checkpoint that cannot be read, instead of TensorStore's many-line dump."""
-    text = str(error)
-    cause = next((meaning for code, meaning in _TENSORSTORE_CAUSES.items() if code in text), None)
-    first_line = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+    """A one-line cause for a checkpoint that cannot be read, instead of TensorStore's many-line dump:
+    what the status code along the exception's chain means, then the innermost error's first line (orbax's
+    own message points at a "details" repr that says nothing)."""
+    chain, current = [], error
+    while current is not None and current not in chain and len(chain) < 20:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    cause = next((meaning for e in chain for code, meaning in _TENSORSTORE_CAUSES.items() if code in str(e)),
+                 None)
+    innermost = chain[-1]
+    text = str(innermost).split(" See full TensorStore details:")[0]
+    first_line = next((line.strip() for line in text.splitlines() if line.strip()), type(innermost).__name__)
     first_line = first_line if len(first_line) <= 200 else first_line[:200] + "..."
-    described = f"{type(error).__name__}: {first_line}"
+    described = f"{type(innermost).__name__}: {first_line}"
     return f"{cause} ({described})" if cause else described
 
 

@@ -103,3 +103,20 @@ def test_read_json_sets_aside_only_what_is_damaged(tmp_path, caplog):
     assert not bad.exists() and len(list(tmp_path.glob("bad.json.damaged-*"))) == 1
     assert "bad.json is empty or not valid JSON: set aside as bad.json.damaged-" in caplog.text
     assert caplog.text.rstrip().endswith("the run goes on.")
+
+
+def test_a_truncated_checkpoint_is_skipped_with_its_cause_in_words(tmp_path, caplog):
+    arrays = random_arrays()
+    trainer.train_and_evaluate(_config(), str(tmp_path), arrays=arrays)
+    data_files = sorted((p for p in (tmp_path / "checkpoints" / "6").rglob("*")
+                         if p.is_file() and p.stat().st_size > 1024), key=lambda p: -p.stat().st_size)
+    with open(data_files[0], "r+b") as f:  # Cut short, as a crash mid-write leaves a file.
+        f.truncate(100)
+    with caplog.at_level(logging.WARNING):
+        resumed = trainer.train_and_evaluate(_config(training__num_train_steps=8), str(tmp_path),
+                                             arrays=arrays)
+    assert resumed.start_step == 3
+    skipped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Skipping checkpoint")]
+    assert len(skipped) == 1 and "/6 (moved to" in skipped[0]
+    assert ": a file is truncated" in skipped[0] and "<bound method" not in skipped[0], skipped[0]
+    assert "\n" not in skipped[0]
