@@ -164,3 +164,15 @@ def test_empty_class_folders_are_listed_first_few_and_a_count(tmp_path):
                                              r".*empty_1, .*empty_2 and 2 more; add their images"):
         image_folders.list_splits(str(tmp_path))
     assert image_folders.name_few(["a", "b"]) == "a, b"
+
+
+def test_a_single_class_dataset_is_refused_in_one_line(tmp_path):
+    # One class: every prediction is right, so a run would report 100% top-1 and "target reached".
+    write_folders(tmp_path, num_classes=1, train_per_class=2, eval_per_class=1)
+    with pytest.raises(data.DataError) as error:
+        image_folders.list_splits(str(tmp_path))
+    message = str(error.value)
+    assert "holds 1 class folder(s)" in message and "at least 2 classes" in message and "\n" not in message
+    write_folders(tmp_path, num_classes=2, train_per_class=2, eval_per_class=1)
+    train, _ = image_folders.list_splits(str(tmp_path))
+    assert len(train.class_names) == 2

@@ -98,6 +98,11 @@ def list_splits(root: str) -> tuple[ImageFiles, ImageFiles]:
                         f"({', '.join(IMAGE_EXTENSIONS)}): {name_few(train.empty_folders)}; add their "
                         "images, or remove those classes' folders from train/ and the evaluation folder "
                         "and set config.model.num_classes to the classes left.")
+    if len(train.class_names) < 2:
+        raise DataError(f"{os.path.join(root, 'train')} holds {len(train.class_names)} class folder(s) "
+                        f"({name_few(train.class_names)}): a classifier needs at least 2 classes (with one, "
+                        "every prediction is right and top-1 says nothing). Put each class's images in a "
+                        "folder of its own under train/ (and the evaluation folder).")
     eval_dir = find_eval_folder(root)
     evaluation = list_class_folders(eval_dir, train.class_names)
     counts = np.bincount(evaluation.labels, minlength=len(train.class_names))
