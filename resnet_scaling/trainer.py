@@ -392,7 +392,12 @@ def _record_changes_on_resume(workdir: str, saved_meta: dict[str, Any], config: 
     logger.warning("Resuming at step %d with changed settings: %s.", step,
                    "; ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changes.items()))
     path = workdir_lib.as_path(workdir) / "config_changes.jsonl"
-    previous = path.read_text() if path.exists() else ""
+    try:
+        previous = path.read_text() if path.exists() else ""
+    except (OSError, UnicodeDecodeError) as e:
+        workdir_lib.set_aside(path, f"cannot be read ({workdir_lib.describe_os_error(e)})",
+                              "the changes are recorded in a new one.")
+        previous = ""
     record = {"step": step, "time": time.time(), "changes": changes}
     path.write_text(previous + json.dumps(record) + "\n")
 

@@ -120,3 +120,29 @@ def test_a_truncated_checkpoint_is_skipped_with_its_cause_in_words(tmp_path, cap
     assert len(skipped) == 1 and "/6 (moved to" in skipped[0]
     assert ": a file is truncated" in skipped[0] and "<bound method" not in skipped[0], skipped[0]
     assert "\n" not in skipped[0]
+
+
+def test_metrics_lines_that_are_not_records_are_dropped_with_a_warning(tmp_path, caplog):
+    from resnet_scaling.metrics import JsonLinesWriter
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "loss": 2.0}\n\xff\xfe\x00garbage\n{"step": 2, "loss": 1.5}\n[3]\n'
+                     b'{"step": 3, "lo')  # The last line cut by a crash.
+    with caplog.at_level(logging.WARNING):
+        writer = JsonLinesWriter(path, resume_step=2)
+    writer.write(3, {"loss": 1.0})
+    writer.close()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3] and records[-1]["loss"] == 1.0
+    assert "dropped 3 unreadable line(s) of 5" in caplog.text
+
+
+def test_a_damaged_config_changes_file_is_set_aside(tmp_path, caplog):
+    arrays = random_arrays()
+    trainer.train_and_evaluate(_config(training__num_train_steps=3), str(tmp_path), arrays=arrays)
+    (tmp_path / "config_changes.jsonl").write_bytes(b"\xff\xfe\x00")
+    with caplog.at_level(logging.WARNING):
+        trainer.train_and_evaluate(_config(), str(tmp_path), arrays=arrays)  # 3 -> 6 steps: a change.
+    assert "config_changes.jsonl cannot be read" in caplog.text
+    changes = [json.loads(line) for line in (tmp_path / "config_changes.jsonl").read_text().splitlines()]
+    assert [c["step"] for c in changes] == [3] and "training.num_train_steps" in changes[0]["changes"]

@@ -26,7 +26,13 @@ class JsonLinesWriter:
     def __init__(self, path: str | os.PathLike[str], resume_step: int | None = None) -> None:
         self._path = epath.Path(path)
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        lines = self._path.read_text().splitlines() if self._path.exists() else []
+        lines = (self._path.read_bytes().decode("utf-8", errors="replace").splitlines()
+                 if self._path.exists() else [])
+        readable = [line for line in lines if _step_of(line) != float("inf")]
+        if len(readable) < len(lines):  # Cut by a crash, or damaged: the records around them stay.
+            logger.warning("%s: dropped %d unreadable line(s) of %d.", self._path, len(lines) - len(readable),
+                           len(lines))
+        lines = readable
         if resume_step is not None:
             lines = [line for line in lines if _step_of(line) <= resume_step]
         self._lines = [line + "\n" for line in lines]
@@ -51,10 +57,11 @@ class JsonLinesWriter:
 
 
 def _step_of(line: str) -> float:
+    """The step of a record; inf for a line that is not one (cut by a crash, damaged)."""
     try:
-        return float(json.loads(line).get("step", float("inf")))
-    except (ValueError, AttributeError):
-        return float("inf")  # An unreadable line (cut by a crash) goes with the redone steps.
+        return float(json.loads(line)["step"])
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return float("inf")
 
 
 class TensorBoardWriter:
