@@ -73,7 +73,7 @@ def main(argv: list[str]) -> None:
     if _PRINT_CONFIG.value:
         print(config, flush=True)
     if cache_dir := compilation_cache_dir(config, _WORKDIR.value):
-        jax.config.update("jax_compilation_cache_dir", cache_dir)
+        enable_compilation_cache(cache_dir)
         logger.info("Compilation cache: %s", cache_dir)
     try:
         result = trainer.train_and_evaluate(config, _WORKDIR.value)  # Validates the config first, once.
@@ -116,6 +116,16 @@ def compilation_cache_dir(config: ml_collections.ConfigDict, workdir: str) -> st
     if not template:
         return None
     return template.replace("{workdir}", workdir.rstrip("/"))
+
+
+def enable_compilation_cache(cache_dir: str) -> None:
+    """Turns on JAX's persistent compilation cache in `cache_dir` (before the first compilation)."""
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
+    if xla_flags.detect_backend() != "gpu":
+        # JAX also points XLA's GPU autotuning cache into the cache dir, and that path enters every
+        # program's cache key: a copied or moved workdir would never find its compiled programs. The
+        # autotuning cache serves GPUs only.
+        jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
 
 
 def parse_flags(argv: list[str]) -> list[str]:
