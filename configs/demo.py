@@ -30,6 +30,6 @@ def get_config():
     config.training.log_every_steps = 25
 
     config.schedule.warmup_epochs = 0.5
-    config.eval.global_batch_size = 500
+    config.eval.global_batch_size = 1000  # Divides over 1, 2, 4 or 8 devices (as the train batch does).
     config.eval.every_epochs = 2.0
     return config

@@ -465,3 +465,10 @@ def test_system_configs_name_their_hardware_and_precision(path):
     assert config.model.compute_dtype == ("float16" if uses_v100 else "bfloat16")
     assert config.training.num_epochs == 91.0
     assert (config.optimizer.name == "lars") == (config.training.global_batch_size >= 16_384)
+
+
+@pytest.mark.parametrize("num_devices", [1, 2, 4, 8])
+def test_the_demo_validates_on_the_device_counts_the_readme_promises(num_devices):
+    # README's table: the demo runs on "all" devices; XLA_FLAGS=--xla_force_host_platform_device_count=8
+    # is how a CPU user gets 8.
+    validate(_load_config_module(CONFIGS_DIR / "demo.py").get_config(), num_devices=num_devices)
