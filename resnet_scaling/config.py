@@ -38,7 +38,8 @@ IMAGENET_STDDEV_RGB = (0.229, 0.224, 0.225)
 
 
 def get_base_config() -> ml_collections.ConfigDict:
-    """Returns the defaults every config file starts from: ResNet-50 on ImageNet for 90 epochs.
+    """Returns the defaults every config file starts from: ResNet-50 on ImageNet for 90 epochs, locked
+    against fields it does not have (a misspelled one raises `AttributeError` with the likely name).
 
     Durations (the run, warm-ups, intervals) can each be given in steps, examples or epochs: the first
     of `*_steps`, `*_examples`, `*_epochs` that is set (not None) counts (`plan.duration_steps`).
@@ -223,6 +224,9 @@ def get_base_config() -> ml_collections.ConfigDict:
     # cache_clear's value: set True when the launch dropped the OS page cache before the run, as MLPerf
     # asks (`sync; echo 3 > /proc/sys/vm/drop_caches`, as root); the library cannot do it itself.
     config.mlperf.caches_cleared = False
+    # Locked: setting a field it does not have (`config.training.global_batchsize = 64`) raises, naming the
+    # field meant, instead of being accepted silently; `with config.unlocked():` adds one on purpose.
+    config.lock()
     return config
 
 
@@ -443,7 +447,8 @@ def config_from_saved(values: Mapping[str, Any]) -> ml_collections.ConfigDict:
     `get_base_config()`: fields added since the run was saved take their defaults, so that older workdirs
     still validate and build; every saved value is kept."""
     config = get_base_config()
-    _merge(config, values)
+    with config.unlocked():  # Fields a saved run had that today's base has not are kept too.
+        _merge(config, values)
     return config
 
 

@@ -472,3 +472,21 @@ def test_the_demo_validates_on_the_device_counts_the_readme_promises(num_devices
     # README's table: the demo runs on "all" devices; XLA_FLAGS=--xla_force_host_platform_device_count=8
     # is how a CPU user gets 8.
     validate(_load_config_module(CONFIGS_DIR / "demo.py").get_config(), num_devices=num_devices)
+
+
+@pytest.mark.parametrize("source", ["base", "pod.py", "demo.py"])
+def test_a_misspelled_field_set_from_python_is_refused_naming_the_right_one(source):
+    config = get_base_config() if source == "base" else _load_config_module(CONFIGS_DIR / source).get_config()
+    with pytest.raises(AttributeError, match='Did you mean "global_batch_size"'):
+        config.training.global_batchsize = 64
+    config.training.global_batch_size = 64  # The real field still takes a value.
+    with config.unlocked():  # On purpose, a new field can still be added.
+        config.training.my_own_field = 1
+    assert config.training.my_own_field == 1
+
+
+def test_a_saved_config_with_fields_gone_since_still_loads():
+    saved = get_base_config().to_dict()
+    saved["training"]["a_field_removed_since"] = 3
+    config = config_lib.config_from_saved(saved)
+    assert config.training.a_field_removed_since == 3 and config.training.global_batch_size == 1024
