@@ -3,6 +3,12 @@
     predictor = Predictor.from_workdir("/tmp/run")          # or weights="best"
     logits = predictor(images)                              # uint8 [N, S, S, 3], S = config.data.image_size
     classes = predictor.predict_classes(images)
+    logits = predictor(predictor.prepare(photos))           # any-size images, cropped as evaluation does
+
+Which inputs a run's model expects follows from how it was trained (`Predictor.preprocessing`): a run on
+image files (folders, TFDS, the demo's shapes) evaluated centre crops resized to `data.image_size`, which
+`prepare` makes from images of any size; a run on arrays (`data.source="arrays"`, "synthetic") took its
+arrays as they were, so its inputs must be shaped like them, and `prepare` only checks that.
 
 `model.apply` on raw pixels runs, but the network was trained on `steps.normalize_images`' output and
 mostly answers wrongly; this module exists so that nobody has to remember that.
@@ -26,6 +32,8 @@ from resnet_scaling import config as config_lib
 __all__ = ["WEIGHTS", "Predictor", "load_predictor", "load_run"]
 
 WEIGHTS = ("export", "best")  # What a workdir holds: the final parameters, the best evaluation's.
+# Data sources whose images reach the model as given (no resize or crop in training or evaluation).
+AS_GIVEN_SOURCES = ("arrays", "synthetic")
 
 
 class Predictor:
@@ -43,6 +51,9 @@ class Predictor:
       num_classes: width of the logits.
       mean_rgb, stddev_rgb: the normalisation of `steps.normalize_images` (`config.data`).
       batch_size: the most images one forward pass takes; larger inputs run in chunks.
+      preprocessing: what the run did to its evaluation images, so what inputs need: "eval_crop" (image
+        files: the centre `image_size / eval_resize_size` of the shorter side, resized to `image_size`) or
+        "none" (arrays, taken as given).
     """
 
     def __init__(self, variables: Mapping[str, Any], config: ml_collections.ConfigDict, *,
@@ -64,6 +75,7 @@ class Predictor:
         self.mean_rgb = tuple(float(v) for v in config.data.mean_rgb)
         self.stddev_rgb = tuple(float(v) for v in config.data.stddev_rgb)
         self.batch_size = int(batch_size)
+        self.preprocessing = "none" if config.data.source in AS_GIVEN_SOURCES else "eval_crop"
         self._device = device if device is not None else jax.devices()[0]
         self.variables = jax.device_put({"params": variables["params"],
                                          "batch_stats": variables["batch_stats"]}, self._device)
@@ -97,6 +109,35 @@ class Predictor:
             logits[start:start + len(chunk)] = np.asarray(out)[:len(chunk)]
         return logits
 
+    def prepare(self, images: Any) -> np.ndarray:
+        """The model's inputs, uint8 [N, S, S, 3], from uint8 RGB images [H, W, 3] of any size (a list, or
+        one array [N, H, W, 3]), made as the run's evaluation made them (`preprocessing`): centre crop and
+        resize for runs on image files (with TensorFlow, as the input pipeline); for runs on arrays the
+        images must already be S x S, and come back unchanged."""
+        images = [np.asarray(image) for image in images]
+        for image in images:
+            if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] != 3:
+                raise ValueError(f"prepare takes uint8 RGB images [H, W, 3], got {image.dtype} "
+                                 f"{tuple(image.shape)}.")
+        size = self.image_size
+        if self.preprocessing == "none":
+            wrong = [tuple(image.shape) for image in images if image.shape != (size, size, 3)]
+            if wrong:
+                raise ValueError(self._as_given_message(wrong[0]))
+            return np.stack(images) if images else np.zeros((0, size, size, 3), np.uint8)
+        from resnet_scaling.data import pipeline, preprocessing  # TensorFlow: only runs on image files.
+
+        config = pipeline.preprocess_config(self.config.data)
+        tf = preprocessing.tf
+        prepared = [preprocessing.resize(_center_crop(tf.convert_to_tensor(image), config), config).numpy()
+                    for image in images]
+        return np.stack(prepared) if prepared else np.zeros((0, size, size, 3), np.uint8)
+
+    def _as_given_message(self, shape: tuple[int, ...]) -> str:
+        return (f"This run trained on data.source={self.config.data.source!r}, which takes images as given "
+                f"(no resize or crop): pass uint8 images [N, {self.image_size}, {self.image_size}, 3] as its "
+                f"arrays were, got {shape}.")
+
     def predict_classes(self, images: np.ndarray | jax.Array) -> np.ndarray:
         """The most likely class of each image, int32 [N]."""
         return np.argmax(self(images), axis=-1).astype(np.int32)
@@ -123,11 +164,22 @@ class Predictor:
             raise ValueError(f"Expected a batch [N, {self.image_size}, {self.image_size}, 3], got one image "
                              f"{shape}: pass images[None].")
         if len(shape) != 4 or shape[1:] != expected:
+            if self.preprocessing == "none":
+                raise ValueError(self._as_given_message(shape))
             raise ValueError(f"Expected uint8 images [N, {self.image_size}, {self.image_size}, 3] (NHWC, "
-                             f"RGB; config.data.image_size is {self.image_size}), got shape {shape}; resize "
-                             "and crop them as the evaluation does (shorter side to eval_resize_size, then "
-                             "the centre).")
+                             f"RGB; config.data.image_size is {self.image_size}), got shape {shape}; "
+                             "predictor.prepare(images) crops and resizes images of any size as this run's "
+                             "evaluation did.")
         return np.asarray(images)
+
+
+def _center_crop(image: Any, config: Any) -> Any:
+    """The evaluation's centre window of a decoded image (`preprocessing.center_crop_window`)."""
+    from resnet_scaling.data import preprocessing
+
+    top, left, height, width = (int(v) for v in preprocessing.center_crop_window(
+        preprocessing.tf.shape(image), config).numpy())
+    return image[top:top + height, left:left + width]
 
 
 def load_predictor(path: str, weights: str = "export", **kwargs: Any) -> Predictor:
