@@ -88,13 +88,25 @@ def topk_correct(logits: jax.Array, labels: jax.Array, k: int) -> jax.Array:
     return ((jnp.sum(ranked_ahead, axis=-1) < k) & finite).astype(jnp.float32)
 
 
-def train_step(state: TrainState, batch: Batch, *, learning_rate_fn: optax.Schedule,
+def check_batch(batch: Batch, function: str) -> None:
+    """Raises a `KeyError` naming what a step's batch holds: "images" (uint8 [N, H, W, 3], raw pixels)
+    and "labels" (int [N]); an evaluation batch may add "mask" (1 for real examples, 0 for padding)."""
+    missing = [key for key in ("images", "labels") if key not in batch]
+    if missing:
+        raise KeyError(f"{function}: the batch needs 'images' (uint8 [N, H, W, 3]) and 'labels' (int [N]); "
+                       f"it has {sorted(batch)}.")
+
+
+def train_step(state: TrainState, batch: Batch, *, learning_rate_fn: optax.Schedule | None = None,
                step_config: StepConfig) -> tuple[TrainState, Metrics]:
     """One optimizer step on a (global) batch; returns the new state and scalar metrics.
 
     Batch-norm statistics are over the whole batch given: under `jit` with a sharded batch, that is the
     global batch. With a dynamic loss scale (float16), a step whose gradients overflow is skipped.
+    `learning_rate_fn` only reports the learning rate as a metric (the optimizer in the state applies its
+    own): None leaves "learning_rate" out.
     """
+    check_batch(batch, "train_step")
     images = normalize_images(batch["images"], step_config.mean_rgb, step_config.stddev_rgb)
     labels = batch["labels"]
 
@@ -128,8 +140,9 @@ def train_step(state: TrainState, batch: Batch, *, learning_rate_fn: optax.Sched
         "loss": loss,
         "top1": jnp.mean(topk_correct(logits, labels, 1)),
         "top5": jnp.mean(topk_correct(logits, labels, 5)),
-        "learning_rate": jnp.asarray(learning_rate_fn(state.step), jnp.float32),
     }
+    if learning_rate_fn is not None:
+        metrics["learning_rate"] = jnp.asarray(learning_rate_fn(state.step), jnp.float32)
     if dynamic_scale is not None:
         metrics["loss_scale"] = dynamic_scale.scale
     return new_state, metrics
@@ -140,6 +153,7 @@ def eval_step(state: TrainState, batch: Batch, *, step_config: StepConfig) -> Me
 
     Sums rather than means, so that padded batches of any size combine into exact totals.
     """
+    check_batch(batch, "eval_step")
     images = normalize_images(batch["images"], step_config.mean_rgb, step_config.stddev_rgb)
     labels = batch["labels"]
     mask = batch.get("mask")
@@ -225,7 +239,7 @@ def state_sharding(state: TrainState, mesh: Mesh) -> Any:
 
 
 def jit_train_step(
-    state: TrainState, mesh: Mesh, learning_rate_fn: optax.Schedule, step_config: StepConfig,
+    state: TrainState, mesh: Mesh, learning_rate_fn: optax.Schedule | None, step_config: StepConfig,
     step_fn: Callable[..., tuple[TrainState, Metrics]] = train_step,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """`train_step` jitted for `mesh`: batch sharded on `data`, state replicated and donated."""
