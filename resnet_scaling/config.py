@@ -230,144 +230,173 @@ def get_base_config() -> ml_collections.ConfigDict:
     return config
 
 
-def _validate_bn_group_size(config: ml_collections.ConfigDict, num_devices: int | None) -> None:
+def _validate_bn_group_size(v: _Problems, config: ml_collections.ConfigDict,
+                            num_devices: int | None) -> None:
     group_size = config.model.bn_group_size
     global_batch = config.training.global_batch_size
     field = "model.bn_group_size"
-    _require(group_size >= -1, field, f"use -1 (global batch), 0 (per device) or images per group, got "
-             f"{group_size}.")
-    if group_size <= 0:
-        return
-    _require(global_batch % group_size == 0, field,
-             f"{group_size} images per group do not divide the global batch of {global_batch}; use a "
-             f"divisor of it, or -1 for the whole batch.")
+    v.require(group_size >= -1, field, f"use -1 (global batch), 0 (per device) or images per group, got "
+              f"{group_size}.")
+    if group_size <= 0 or not (isinstance(global_batch, int) and global_batch > 0):
+        return  # No groups, or a batch already reported: nothing to divide.
+    v.require(global_batch % group_size == 0, field,
+              f"{group_size} images per group do not divide the global batch of {global_batch}; use a "
+              f"divisor of it, or -1 for the whole batch.")
     if num_devices is not None and global_batch % num_devices == 0:
         per_device = global_batch // num_devices
-        _require(group_size % per_device == 0, field,
-                 f"{group_size} images per group would split a device's {per_device} images; use a "
-                 f"multiple of the per-device batch ({per_device}, {2 * per_device}, ...), or 0 for "
-                 f"per-device groups.")
+        v.require(group_size % per_device == 0, field,
+                  f"{group_size} images per group would split a device's {per_device} images; use a "
+                  f"multiple of the per-device batch ({per_device}, {2 * per_device}, ...), or 0 for "
+                  f"per-device groups.")
 
 
-def _validate_slices(config: ml_collections.ConfigDict) -> None:
+def _validate_slices(v: _Problems, config: ml_collections.ConfigDict) -> None:
     """Several slices split the pinned device count evenly, and batch-norm groups (N > 0 images) stay in
     one slice: a group across slices would all-reduce every BN layer's statistics over DCN, forward and
     backward. -1 (the global batch) stays allowed: it spans the slices by definition (and evaluation,
     which has no groups, sets it). `mesh.create_mesh` checks the devices themselves."""
     num_slices = config.system.num_slices
-    _require(isinstance(num_slices, int) and num_slices >= 1, "system.num_slices",
-             f"use 1 (one slice) or the number of TPU slices of the job, got {num_slices!r}.")
+    v.require(isinstance(num_slices, int) and num_slices >= 1, "system.num_slices",
+              f"use 1 (one slice) or the number of TPU slices of the job, got {num_slices!r}.")
     if num_slices == 1:
         return
     mesh_devices = config.mesh.num_devices
-    _require(mesh_devices == -1 or mesh_devices % num_slices == 0, "mesh.num_devices",
-             f"{mesh_devices} devices do not split evenly into {num_slices} slices; use -1 (every device "
-             f"of every slice) or their total.")
+    v.require(mesh_devices == -1 or mesh_devices % num_slices == 0, "mesh.num_devices",
+              f"{mesh_devices} devices do not split evenly into {num_slices} slices; use -1 (every device "
+              f"of every slice) or their total.")
     group_size = config.model.bn_group_size
     if group_size <= 0:
         return
     global_batch = config.training.global_batch_size
     slice_batch = global_batch // num_slices
-    _require(global_batch % num_slices == 0 and slice_batch % group_size == 0, "model.bn_group_size",
-             f"groups of {group_size} images would span two of the {num_slices} slices (each holds "
-             f"{global_batch / num_slices:g} of the {global_batch} images per step) and all-reduce BN "
-             f"statistics over the data-center network; use a divisor of a slice's images (a multiple of "
-             f"the per-device batch), 0 for per-device groups, or -1 for the global batch.")
+    v.require(global_batch % num_slices == 0 and slice_batch % group_size == 0, "model.bn_group_size",
+              f"groups of {group_size} images would span two of the {num_slices} slices (each holds "
+              f"{global_batch / num_slices:g} of the {global_batch} images per step) and all-reduce BN "
+              f"statistics over the data-center network; use a divisor of a slice's images (a multiple of "
+              f"the per-device batch), 0 for per-device groups, or -1 for the global batch.")
 
 
-def _require(condition: bool, field: str, message: str) -> None:
-    if not condition:
-        raise ConfigError(f"config.{field}: {message}")
+class _Problems:
+    """What `validate` finds wrong, all of it: each check records its problem and the checks go on."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def require(self, condition: bool, field: str, message: str) -> None:
+        if not condition:
+            self.messages.append(f"config.{field}: {message}")
+
+    def choice(self, value: str, field: str, choices: tuple[str, ...]) -> None:
+        self.require(value in choices, field, f"unknown value {value!r}; choose one of {', '.join(choices)}.")
+
+    def positive(self, config: ml_collections.ConfigDict, field: str) -> None:
+        value = config
+        for part in field.split("."):
+            value = value[part]
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            self.require(False, field, f"must be a number, got {value!r}.")
+            return
+        self.require(value > 0, field, f"must be positive, got {value!r}.")
+        self.require(math.isfinite(value), field, f"must be finite, got {value!r}.")
+
+    def error(self) -> ConfigError | None:
+        if not self.messages:
+            return None
+        if len(self.messages) == 1:
+            return ConfigError(self.messages[0])
+        return ConfigError(f"{len(self.messages)} problems: " + "; ".join(self.messages))
 
 
-def _require_choice(value: str, field: str, choices: tuple[str, ...]) -> None:
-    _require(value in choices, field, f"unknown value {value!r}; choose one of {', '.join(choices)}.")
-
-
-def _require_positive(config: ml_collections.ConfigDict, field: str) -> None:
-    value = config
-    for part in field.split("."):
-        value = value[part]
-    _require(value > 0, field, f"must be positive, got {value!r}.")
-    _require(math.isfinite(value), field, f"must be finite, got {value!r}.")
-
-
-def _validate_input_pipeline(data: ml_collections.ConfigDict) -> None:
-    _require_choice(data.resize_method, "data.resize_method", RESIZE_METHODS)
+def _validate_input_pipeline(v: _Problems, data: ml_collections.ConfigDict) -> None:
+    v.choice(data.resize_method, "data.resize_method", RESIZE_METHODS)
     if data.source == "tfds":
-        _require(bool(data.dataset), "data.dataset", "name a TFDS dataset, e.g. 'imagenet2012'.")
+        v.require(bool(data.dataset), "data.dataset", "name a TFDS dataset, e.g. 'imagenet2012'.")
     if data.source == "folders":
-        _require(bool(data.folder), "data.folder",
-                 "give the dataset's root (with train/<class>/ and val/<class>/ inside).")
+        v.require(bool(data.folder), "data.folder",
+                  "give the dataset's root (with train/<class>/ and val/<class>/ inside).")
     for field in ("crop_area_range", "crop_aspect_range"):
-        _require(len(data[field]) == 2, f"data.{field}", f"needs (low, high), got {data[field]!r}.")
+        v.require(len(data[field]) == 2, f"data.{field}", f"needs (low, high), got {data[field]!r}.")
     low, high = data.crop_area_range
-    _require(0.0 < low <= high <= 1.0, "data.crop_area_range",
-             f"needs 0 < low <= high <= 1 (the reference uses (0.08, 1.0)), got {(low, high)}.")
+    v.require(0.0 < low <= high <= 1.0, "data.crop_area_range",
+              f"needs 0 < low <= high <= 1 (the reference uses (0.08, 1.0)), got {(low, high)}.")
     low, high = data.crop_aspect_range
-    _require(0.0 < low <= high, "data.crop_aspect_range",
-             f"needs 0 < low <= high (the reference uses (3/4, 4/3)), got {(low, high)}.")
-    _require(data.eval_resize_size >= data.image_size, "data.eval_resize_size",
-             f"must be at least data.image_size ({data.image_size}), got {data.eval_resize_size}.")
+    v.require(0.0 < low <= high, "data.crop_aspect_range",
+              f"needs 0 < low <= high (the reference uses (3/4, 4/3)), got {(low, high)}.")
+    v.require(data.eval_resize_size >= data.image_size, "data.eval_resize_size",
+              f"must be at least data.image_size ({data.image_size}), got {data.eval_resize_size}.")
     for field in ("crop_attempts", "shuffle_buffer_size", "interleave_cycle_length"):
-        _require(data[field] > 0, f"data.{field}", f"must be positive, got {data[field]}.")
+        v.require(data[field] > 0, f"data.{field}", f"must be positive, got {data[field]}.")
     for field in ("num_threads", "prefetch_batches", "device_prefetch"):
-        _require(data[field] >= 0, f"data.{field}", f"must be >= 0, got {data[field]}.")
+        v.require(data[field] >= 0, f"data.{field}", f"must be >= 0, got {data[field]}.")
 
 
-def _validate_durations(config: ml_collections.ConfigDict) -> None:
+def _validate_durations(v: _Problems, config: ml_collections.ConfigDict) -> None:
     """The run's length must be set and positive; warm-ups must not be negative. Intervals of 0 or less
     mean "only at the end" (and on preemption)."""
     for duration in DURATIONS:
         steps_field, examples_field, epochs_field = duration.fields()
         field = set_duration_field(config, duration)
         if field is None:
-            _require(duration is not TRAINING_LENGTH, epochs_field,
-                     f"set the training length: {steps_field}, {examples_field} or {epochs_field}.")
+            v.require(duration is not TRAINING_LENGTH, epochs_field,
+                      f"set the training length: {steps_field}, {examples_field} or {epochs_field}.")
             continue
         section, name = field.split(".")
         value = config[section][name]
         if duration is TRAINING_LENGTH:
-            _require(value > 0, field, f"must be positive, got {value}.")
+            v.require(value > 0, field, f"must be positive, got {value}.")
         elif duration.rounding != "interval":
-            _require(value >= 0, field, f"must be >= 0 (0 for none), got {value}.")
+            v.require(value >= 0, field, f"must be >= 0 (0 for none), got {value}.")
 
 
-def _validate_mlperf(mlperf: ml_collections.ConfigDict) -> None:
+def _validate_mlperf(v: _Problems, mlperf: ml_collections.ConfigDict) -> None:
     """MLPerf's log and mode (metrics/mlperf_log.py): a target in (0, 1], whole epochs between MLPerf-mode
     evaluations (its blocks are whole epochs), and submission keys MLPerf's checker accepts."""
     target = mlperf.target_top1
-    _require(0.0 < target <= 1.0, "mlperf.target_top1",
-             f"must lie in (0, 1] (MLPerf's is 0.759), got {target}.")
+    v.require(0.0 < target <= 1.0, "mlperf.target_top1",
+              f"must lie in (0, 1] (MLPerf's is 0.759), got {target}.")
     every = mlperf.eval_every_epochs
-    _require(every > 0 and float(every).is_integer(), "mlperf.eval_every_epochs",
-             f"use a whole number of epochs (MLPerf's rule is 4), got {every}.")
-    _require_choice(mlperf.submission_division, "mlperf.submission_division", SUBMISSION_DIVISIONS)
-    _require_choice(mlperf.submission_status, "mlperf.submission_status", SUBMISSION_STATUSES)
+    v.require(every > 0 and float(every).is_integer(), "mlperf.eval_every_epochs",
+              f"use a whole number of epochs (MLPerf's rule is 4), got {every}.")
+    v.choice(mlperf.submission_division, "mlperf.submission_division", SUBMISSION_DIVISIONS)
+    v.choice(mlperf.submission_status, "mlperf.submission_status", SUBMISSION_STATUSES)
 
 
 def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
-    """Refuses invalid settings with a `ConfigError` that names the field and the fix.
+    """Refuses invalid settings with a `ConfigError` that names the field and the fix, for every problem
+    at once ("2 problems: config.a: ...; config.b: ...").
 
     Args:
       config: the config to check.
       num_devices: devices the run will use; when given, batch divisibility is checked too.
     """
-    _require(
+    problems = _Problems()
+    try:
+        _check(problems, config, num_devices)
+    except (TypeError, ValueError, ZeroDivisionError, KeyError, AttributeError):
+        if not problems.messages:  # A check that a value of the wrong kind broke, with nothing found yet.
+            raise
+        # Otherwise a problem found already broke a later check that relies on it: report what was found.
+    error = problems.error()
+    if error is not None:
+        raise error
+
+
+def _check(v: _Problems, config: ml_collections.ConfigDict, num_devices: int | None) -> None:
+    v.require(
         config.mesh.num_devices == -1 or config.mesh.num_devices > 0,
         "mesh.num_devices",
         "use -1 (all devices) or a positive count.",
     )
-    _require_choice(config.model.name, "model.name", MODEL_NAMES)
-    _require_choice(config.model.compute_dtype, "model.compute_dtype", COMPUTE_DTYPES)
-    _require_choice(config.model.lowering, "model.lowering", LOWERINGS)
-    _require_choice(config.data.source, "data.source", DATA_SOURCES)
-    _validate_input_pipeline(config.data)
-    _require_choice(config.optimizer.name, "optimizer.name", OPTIMIZERS)
-    _require_choice(config.optimizer.lars_variant, "optimizer.lars_variant", LARS_VARIANTS)
-    _require_choice(config.optimizer.weight_decay_on, "optimizer.weight_decay_on", WEIGHT_DECAY_LEAVES)
-    _require_choice(config.optimizer.lr_scaling, "optimizer.lr_scaling", LR_SCALINGS)
-    _require_choice(config.schedule.name, "schedule.name", SCHEDULES)
+    v.choice(config.model.name, "model.name", MODEL_NAMES)
+    v.choice(config.model.compute_dtype, "model.compute_dtype", COMPUTE_DTYPES)
+    v.choice(config.model.lowering, "model.lowering", LOWERINGS)
+    v.choice(config.data.source, "data.source", DATA_SOURCES)
+    _validate_input_pipeline(v, config.data)
+    v.choice(config.optimizer.name, "optimizer.name", OPTIMIZERS)
+    v.choice(config.optimizer.lars_variant, "optimizer.lars_variant", LARS_VARIANTS)
+    v.choice(config.optimizer.weight_decay_on, "optimizer.weight_decay_on", WEIGHT_DECAY_LEAVES)
+    v.choice(config.optimizer.lr_scaling, "optimizer.lr_scaling", LR_SCALINGS)
+    v.choice(config.schedule.name, "schedule.name", SCHEDULES)
     for field in (
         "model.num_classes",
         "model.num_filters",
@@ -383,58 +412,60 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
         "eval.global_batch_size",
         "checkpoint.keep",
     ):
-        _require_positive(config, field)
-    _require(0.0 <= config.model.bn_momentum < 1.0, "model.bn_momentum", "must lie in [0, 1).")
+        v.positive(config, field)
+    v.require(0.0 <= config.model.bn_momentum < 1.0, "model.bn_momentum", "must lie in [0, 1).")
     growth = config.training.max_param_norm_growth
-    _require(growth == 0 or growth > 1, "training.max_param_norm_growth", f"use 0 (off) or a factor above 1, "
-             f"got {growth}.")
-    _validate_bn_group_size(config, num_devices)
-    _validate_slices(config)
-    _require(
+    v.require(growth == 0 or growth > 1, "training.max_param_norm_growth",
+              f"use 0 (off) or a factor above 1, got {growth}.")
+    _validate_bn_group_size(v, config, num_devices)
+    _validate_slices(v, config)
+    v.require(
         config.data.image_size >= 32,
         "data.image_size",
         f"ResNets downsample by 32; use at least 32 pixels, got {config.data.image_size}.",
     )
-    _validate_durations(config)
-    _validate_mlperf(config.mlperf)
+    _validate_durations(v, config)
+    _validate_mlperf(v, config.mlperf)
     window = tuple(config.training.profile_steps)
-    _require(window == (0, 0) or (len(window) == 2 and all(isinstance(s, int) for s in window)
+    v.require(window == (0, 0) or (len(window) == 2 and all(isinstance(s, int) for s in window)
                                   and 0 < window[0] <= window[1]),
-             "training.profile_steps", f"use (first, last) with 0 < first <= last, or (0, 0) for no trace; "
-             f"got {window}.")
-    _require(
+              "training.profile_steps", f"use (first, last) with 0 < first <= last, or (0, 0) for no trace; "
+              f"got {window}.")
+    v.require(
         0.0 <= config.training.label_smoothing < 1.0,
         "training.label_smoothing",
         f"must lie in [0, 1), got {config.training.label_smoothing}.",
     )
     target = config.eval.target_top1
-    _require(0.0 < target <= 1.0, "eval.target_top1",
-             f"must lie in (0, 1] (0.76 the case study's, 0.759 MLPerf's), got {target}.")
-    _require(config.optimizer.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0.")
-    _require(config.optimizer.lars_epsilon >= 0, "optimizer.lars_epsilon", "must be >= 0.")
-    _require(0.0 <= config.optimizer.momentum < 1.0, "optimizer.momentum", "must lie in [0, 1).")
-    _require(config.schedule.end_learning_rate >= 0, "schedule.end_learning_rate", "must be >= 0.")
-    _require(config.schedule.decay_factor > 0, "schedule.decay_factor", "must be positive (0.1 decays 10x).")
-    _require(config.schedule.polynomial_power > 0, "schedule.polynomial_power", "must be positive.")
+    v.require(0.0 < target <= 1.0, "eval.target_top1",
+              f"must lie in (0, 1] (0.76 the case study's, 0.759 MLPerf's), got {target}.")
+    v.require(config.optimizer.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0.")
+    v.require(config.optimizer.lars_epsilon >= 0, "optimizer.lars_epsilon", "must be >= 0.")
+    v.require(0.0 <= config.optimizer.momentum < 1.0, "optimizer.momentum", "must lie in [0, 1).")
+    v.require(config.schedule.end_learning_rate >= 0, "schedule.end_learning_rate", "must be >= 0.")
+    v.require(config.schedule.decay_factor > 0, "schedule.decay_factor", "must be positive (0.1 decays 10x).")
+    v.require(config.schedule.polynomial_power > 0, "schedule.polynomial_power", "must be positive.")
     boundaries = list(config.schedule.boundary_epochs)
-    _require(
+    v.require(
         boundaries == sorted(boundaries) and all(b > 0 for b in boundaries),
         "schedule.boundary_epochs",
         f"must be positive and increasing, got {tuple(boundaries)}.",
     )
-    _require(
+    v.require(
         len(config.data.mean_rgb) == 3 and len(config.data.stddev_rgb) == 3,
         "data.mean_rgb",
         "mean_rgb and stddev_rgb need three values (R, G, B).",
     )
-    _require(min(config.data.stddev_rgb) > 0, "data.stddev_rgb", "values must be positive.")
+    v.require(min(config.data.stddev_rgb) > 0, "data.stddev_rgb", "values must be positive.")
     if num_devices is not None:
         for field in ("training.global_batch_size", "eval.global_batch_size"):
             section, name = field.split(".")
             batch = config[section][name]
+            if not isinstance(batch, int) or batch <= 0:
+                continue  # Reported above.
             if batch % num_devices:
                 lower = max(num_devices, batch // num_devices * num_devices)
-                _require(
+                v.require(
                     False,
                     field,
                     f"{batch} is not divisible by the {num_devices} devices of the mesh; use a "

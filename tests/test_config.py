@@ -490,3 +490,23 @@ def test_a_saved_config_with_fields_gone_since_still_loads():
     saved["training"]["a_field_removed_since"] = 3
     config = config_lib.config_from_saved(saved)
     assert config.training.a_field_removed_since == 3 and config.training.global_batch_size == 1024
+
+
+def test_validation_reports_every_problem_at_once():
+    config = get_base_config()
+    config.training.global_batch_size = 1004
+    config.eval.global_batch_size = 500
+    config.optimizer.momentum = 1.5
+    with pytest.raises(ConfigError) as refused:
+        validate(config, num_devices=8)
+    message = str(refused.value)
+    assert message.startswith("3 problems: ") and "\n" not in message
+    for field in ("config.training.global_batch_size: 1004 is not divisible by the 8 devices",
+                  "config.eval.global_batch_size: 500 is not divisible", "config.optimizer.momentum"):
+        assert field in message, message
+    # A bad value is reported once, not again by the checks that build on it.
+    config = get_base_config()
+    config.training.global_batch_size = -8
+    with pytest.raises(ConfigError) as refused:
+        validate(config, num_devices=8)
+    assert str(refused.value) == "config.training.global_batch_size: must be positive, got -8."
