@@ -218,7 +218,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                     checkpointer.check_saves()  # A failed background save ends the run now, not later.
                 # For the peer watchdog's message if another process is lost (multi-process runs only).
                 distributed.report_progress(step, checkpointer.committed_step() if checkpointer else None)
-                record = {"step": step, "epoch": step / plan.steps_per_epoch, **buffer.mean(),
+                record = {"step": step, "epoch": plan.epochs_at(step), **buffer.mean(),
                           **clock.timer.read_and_reset()}
                 clock.steady.add_interval(interval_first_step, step, record.get("sec_per_step"))
                 interval_first_step = step + 1
@@ -349,7 +349,7 @@ def _restore(checkpointer: checkpointing.Checkpointer | None, state: steps.Train
         return state, None
     state, meta = restored
     log("Resumed from %s at step %d (epoch %.2f).", checkpointer.directory, int(state.step),
-        int(state.step) / plan.steps_per_epoch)
+        plan.epochs_at(int(state.step)))
     return state, meta
 
 
@@ -420,7 +420,7 @@ def _log_setup(log: Callable[..., None], run: training_setup.TrainingSetup) -> N
         device.device_kind, jax.process_count(), dict(mesh.shape))
     log("Batch: %d global, %d per device; %d steps (%d per epoch, %.2f epochs), %d warm-up; peak LR %.4g.",
         plan.global_batch_size, plan.per_device_batch_size, plan.total_steps, plan.steps_per_epoch,
-        plan.total_steps / plan.steps_per_epoch, plan.warmup_steps, plan.peak_learning_rate)
+        plan.epochs_at(plan.total_steps), plan.warmup_steps, plan.peak_learning_rate)
     log("Model: %s, %s parameters, compute dtype %s.", config.model.name, f"{run.num_params:,}",
         config.model.compute_dtype)
 
@@ -442,7 +442,7 @@ def _evaluate_and_track(run: training_setup.TrainingSetup, state: steps.TrainSta
     eval_metrics = {"step": step, **evaluate(run.eval_step, state, run.source),
                     "eval_sec": time.perf_counter() - eval_start}
     clock.eval_sec += eval_metrics["eval_sec"]
-    epoch = step / plan.steps_per_epoch
+    epoch = plan.epochs_at(step)
     top1 = eval_metrics["eval_top1"]
     if clock.time_to_accuracy.update(step, epoch, top1, clock.timed_sec(), clock.wall_sec()):
         log("Reached the target top-1 %.4f at step %d (epoch %.2f): %.1fs timed, %.1fs wall.", target, step,

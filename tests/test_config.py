@@ -510,3 +510,14 @@ def test_validation_reports_every_problem_at_once():
     with pytest.raises(ConfigError) as refused:
         validate(config, num_devices=8)
     assert str(refused.value) == "config.training.global_batch_size: must be positive, got -8."
+
+
+def test_epochs_are_counted_by_images_seen():
+    config = get_base_config()
+    config.training.global_batch_size = 32_768
+    config.training.num_epochs = 91
+    plan = derive(config, config_lib.IMAGENET_NUM_TRAIN_EXAMPLES, num_devices=8)
+    # 3,558 steps of 32,768 images over 1,281,167: 91.002 epochs; 3,558 / 40 (steps per epoch rounded up)
+    # would say 88.95.
+    assert plan.epochs_at(3558) == pytest.approx(3558 * 32768 / 1_281_167) == pytest.approx(91.0, abs=0.01)
+    assert plan.epochs_at(0) == 0.0
