@@ -139,17 +139,28 @@ def _lock_workdir(workdir: str) -> workdir_lib.WorkdirLock | None:
 def _train(config: ml_collections.ConfigDict, workdir: str,
            arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None,
            devices: list[jax.Device] | None, launch_start_wall: float) -> TrainResult:
-    run = training_setup.setup(config, devices=devices, arrays=arrays)
-    plan, source, state = run.plan, run.source, run.state
     is_writer = jax.process_index() == 0
+    # On record from the launch's first moment: one that dies in its set-up still counts in goodput.
+    goodput = metrics_lib.GoodputRecorder(workdir, None, launch_start_wall, write=is_writer)
+    try:
+        run = training_setup.setup(config, devices=devices, arrays=arrays)
+    except RunError:
+        goodput.forget()  # A refused config or dataset: not a launch of the run.
+        raise
+    plan, source, state = run.plan, run.source, run.state
     log = logger.info if is_writer else logger.debug
     _log_setup(log, run)
     checkpointer = checkpointing.Checkpointer(workdir, config) if config.checkpoint.enabled else None
     state, saved_meta = _restore(checkpointer, state, plan, log)
     start_step = int(state.step)
     if start_step >= plan.total_steps and checkpointer is not None:
-        finished = _already_finished(workdir, run, state, checkpointer, log)
+        try:
+            finished = _already_finished(workdir, run, state, checkpointer, log)
+        except RunError:
+            goodput.forget()
+            raise
         if finished is not None:
+            goodput.forget()
             return finished
     if is_writer:  # After the checks above: config.json never records settings that trained no step.
         _write_config(workdir, config)
@@ -158,7 +169,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
         _record_changes_on_resume(workdir, saved_meta, config, start_step)
     clock = metrics_lib.RunClock(plan.global_batch_size, plan.timing_warmup_steps, config.eval.target_top1,
                                  saved_clock, launch_start_wall)
-    goodput = metrics_lib.GoodputRecorder(workdir, start_step, launch_start_wall, write=is_writer)
+    goodput.started(start_step)
 
     mlperf_mode = bool(config.mlperf.enabled)
     mlperf, schedule, last_step = _open_mlperf_log(run, workdir, clock, start_step, launch_start_wall, log,

@@ -146,3 +146,34 @@ def test_a_damaged_config_changes_file_is_set_aside(tmp_path, caplog):
     assert "config_changes.jsonl cannot be read" in caplog.text
     changes = [json.loads(line) for line in (tmp_path / "config_changes.jsonl").read_text().splitlines()]
     assert [c["step"] for c in changes] == [3] and "training.num_train_steps" in changes[0]["changes"]
+
+
+def test_a_launch_that_dies_in_its_set_up_counts_and_a_refused_one_does_not(tmp_path, monkeypatch):
+    from resnet_scaling import plan as plan_lib
+    from resnet_scaling import training_setup
+
+    arrays = random_arrays()
+    trainer.train_and_evaluate(_config(training__num_train_steps=3), str(tmp_path), arrays=arrays)
+    real_setup = training_setup.setup
+
+    def setup_dies(*args, **kwargs):
+        raise RuntimeError("the VM went away during set-up")
+
+    monkeypatch.setattr(training_setup, "setup", setup_dies)
+    with pytest.raises(RuntimeError, match="went away"):
+        trainer.train_and_evaluate(_config(), str(tmp_path), arrays=arrays)
+
+    def setup_refuses(*args, **kwargs):
+        raise plan_lib.ConfigError("config.x: refused")
+
+    monkeypatch.setattr(training_setup, "setup", setup_refuses)
+    with pytest.raises(plan_lib.ConfigError):
+        trainer.train_and_evaluate(_config(), str(tmp_path), arrays=arrays)
+    monkeypatch.setattr(training_setup, "setup", real_setup)
+    last = trainer.train_and_evaluate(_config(), str(tmp_path), arrays=arrays)
+    launches = json.loads((tmp_path / "goodput.json").read_text())["launches"]
+    steps = [(launch["start_step"], launch["last_step"]) for launch in launches]
+    assert steps == [(0, 3), (None, None), (3, 6)]
+    goodput = last.summary["goodput"]
+    assert goodput["launches"] == 3 and goodput["recomputed_steps"] == 0
+    assert goodput["restart_gaps_sec"] > 0  # The dead launch's unrecorded time is in the gaps.

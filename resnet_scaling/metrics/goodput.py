@@ -38,21 +38,37 @@ class GoodputRecorder:
 
     Args:
       workdir: the run's workdir (its goodput.json holds the earlier launches).
-      start_step: the step this launch starts from (0, or the restored checkpoint's).
+      start_step: the step this launch starts from (0, or the restored checkpoint's); None until it is
+        known (`started`): the launch is on record from its first moment, so one that dies in its set-up
+        still counts as a launch.
       launch_start_wall: when this launch started (`time.time()` at the start of `train_and_evaluate`).
       write: whether this process writes goodput.json (process 0).
     """
 
-    def __init__(self, workdir: str, start_step: int, launch_start_wall: float, write: bool = True) -> None:
+    def __init__(self, workdir: str, start_step: int | None, launch_start_wall: float,
+                 write: bool = True) -> None:
         self._path = workdir_lib.as_path(workdir) / GOODPUT_FILENAME
         self._write = write
         # Every earlier launch of this workdir counts, from step 0 too: one that died before its first
         # checkpoint trained steps this launch redoes.
         self.earlier = _read_launches(self._path)
         self.launch: dict[str, Any] = {
-            "start_wall": launch_start_wall, "last_wall": launch_start_wall, "start_step": int(start_step),
-            "last_step": int(start_step), "sec": dict.fromkeys(LAUNCH_BUCKETS, 0.0), "training_sec_at": {}}
+            "start_wall": launch_start_wall, "last_wall": launch_start_wall, "start_step": None,
+            "last_step": None, "sec": dict.fromkeys(LAUNCH_BUCKETS, 0.0), "training_sec_at": {}}
+        if start_step is None:
+            self._write_accounts()
+        else:
+            self.started(start_step)
+
+    def started(self, start_step: int) -> None:
+        """Records the step this launch starts from, once its state is restored."""
+        self.launch.update(start_step=int(start_step), last_step=int(start_step))
         self.record(start_step, {})  # A launch that dies before its first log point still counts.
+
+    def forget(self) -> None:
+        """Takes this launch off the record: it turned out to have nothing to do (a finished run, a
+        refused config), so goodput.json stays as the earlier launches left it."""
+        self._write_accounts(include_this_launch=False)
 
     def record(self, step: int, sec: Mapping[str, float], checkpoint: bool = False) -> None:
         """Updates this launch's account at `step` (seconds so far by cause in this launch) and writes it;
@@ -61,10 +77,17 @@ class GoodputRecorder:
         self.launch["sec"] = {k: float(sec.get(k, 0.0)) for k in LAUNCH_BUCKETS}
         if checkpoint:
             self.launch["training_sec_at"][str(int(step))] = self.launch["sec"]["training"]
-        if self._write:
-            # A reader (the next launch) never sees half a file.
-            record = {"launches": [*self.earlier, self.launch]}
-            workdir_lib.write_text_atomically(self._path, json.dumps(record, indent=1))
+        self._write_accounts()
+
+    def _write_accounts(self, include_this_launch: bool = True) -> None:
+        if not self._write:
+            return
+        launches = [*self.earlier, self.launch] if include_this_launch else self.earlier
+        if not launches:
+            self._path.unlink(missing_ok=True)
+            return
+        # A reader (the next launch) never sees half a file.
+        workdir_lib.write_text_atomically(self._path, json.dumps({"launches": launches}, indent=1))
 
     def summary(self) -> dict[str, Any]:
         """The summary's `goodput` section over every launch."""
@@ -72,11 +95,13 @@ class GoodputRecorder:
 
 
 def goodput_summary(launches: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """Goodput and badput by cause over `launches` (oldest first), as `GoodputRecorder.summary`."""
+    """Goodput and badput by cause over `launches` (oldest first), as `GoodputRecorder.summary`. A launch
+    that died before it knew its start step trained nothing: its time is in the restart gaps."""
     wall = launches[-1]["last_wall"] - launches[0]["start_wall"]
     gaps = sum(max(0.0, b["start_wall"] - a["last_wall"]) for a, b in itertools.pairwise(launches))
     recomputed_steps, recomputed_sec = 0, 0.0
-    for earlier, later in itertools.pairwise(launches):
+    trained = [launch for launch in launches if launch["start_step"] is not None]
+    for earlier, later in itertools.pairwise(trained):
         lost = earlier["last_step"] - later["start_step"]
         if lost > 0:
             recomputed_steps += lost
@@ -123,8 +148,9 @@ def _read_launches(path: epath.Path) -> list[dict[str, Any]]:
 def _is_launch(launch: Any) -> bool:
     numbers = (int, float)
     try:
-        return (all(isinstance(launch[k], numbers) for k in ("start_wall", "last_wall", "start_step",
-                                                             "last_step"))
+        steps = (launch["start_step"], launch["last_step"])
+        return (all(isinstance(launch[k], numbers) for k in ("start_wall", "last_wall"))
+                and (all(isinstance(s, int) for s in steps) or steps == (None, None))
                 and all(isinstance(launch["sec"][k], numbers) for k in LAUNCH_BUCKETS)
                 and isinstance(launch["training_sec_at"], dict))
     except (KeyError, TypeError):
