@@ -40,6 +40,21 @@ import pytest  # noqa: E402
 jax.config.update("jax_compilation_cache_dir", None)
 
 
+def pytest_configure(config):
+    """With `-n 2`, xdist (`--dist load`) hands tests to its workers one at a time, to whichever frees first,
+    unless `--maxschedchunk` says otherwise. By default it sends each worker a run of consecutive tests at
+    once (a quarter of its share): the slow tests, which run first (below), would all go to one worker."""
+    if getattr(config.option, "maxschedchunk", "no xdist") is None:
+        config.option.maxschedchunk = 1
+
+
+def pytest_collection_modifyitems(config, items):
+    """Runs the tests marked `slow` (whole training launches, tens of seconds each) first, then the rest,
+    each group in collection order: both workers start on long tests and end together on short ones,
+    instead of one starting a long launch when the other has nothing left to run."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # Stable: keeps the order within.
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _eight_devices():
     assert jax.device_count() == 8, "tests expect 8 fake CPU devices (see conftest.py)"

@@ -44,6 +44,7 @@ def _assert_bitwise_equal(a, b):
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("xla_optimizations", ["default"], indirect=True)  # As real runs compile.
 def test_a_run_stopped_by_preemption_resumes_to_the_same_state_bit_for_bit(tmp_path, monkeypatch,
                                                                             xla_optimizations):
@@ -266,6 +267,7 @@ KILL_OVERRIDES = {"schedule__name": "constant", "schedule__warmup_steps": 0, "ch
                   "checkpoint__every_steps": 7}
 
 
+@pytest.mark.slow
 def test_sigterm_and_sigkill_at_random_steps_then_resume_give_the_uninterrupted_parameters(tmp_path):
     """`python -m resnet_scaling.train`, as a user runs it, cut twice and resumed by the same command each
     time: a SIGTERM (a preemption: a clean exit with a checkpoint of the step it stopped at), then a SIGKILL

@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -35,6 +37,7 @@ def _compile_sec(log):
     return float(re.search(r"Compiled the train step in ([0-9.]+)s", log).group(1))
 
 
+@pytest.mark.slow
 def test_a_restart_after_sigterm_loads_the_compiled_step_from_the_cache(tmp_path):
     workdir = tmp_path / "run"
     args = ["--config=demo", f"--workdir={workdir}", f"--config.data.cache_dir={tmp_path / 'data'}",

@@ -1,6 +1,8 @@
 """What a user sees: the demo (what it learns from its JPEG files, its console: short, ending with the
-headline), the config file, the TensorBoard tags, and progress for library users who configured no logging."""
+headline), a config file with overrides and the flags that bring back what the console hides, the TensorBoard
+tags, and progress for library users who configured no logging."""
 
+import datetime
 import json
 import os
 import pathlib
@@ -8,6 +10,8 @@ import re
 import subprocess
 import sys
 import time
+
+import pytest
 
 from resnet_scaling import trainer
 from tests.helpers import random_arrays, tiny_config
@@ -21,6 +25,7 @@ def _cli_env():
     return {**env, "PYTHONPATH": str(REPO)}
 
 
+@pytest.mark.slow
 def test_the_demo_command_learns_from_jpeg_files_and_prints_under_60_lines_ending_with_the_headline(tmp_path):
     """The README's demo command, run by its short name from another directory, as a user would: the suite's
     one run of the whole demo, so it also checks what the run learnt, read and measured."""
@@ -30,7 +35,15 @@ def test_the_demo_command_learns_from_jpeg_files_and_prints_under_60_lines_endin
     start = time.perf_counter()
     proc = subprocess.run(command, cwd=tmp_path, env=_cli_env(), capture_output=True, text=True, timeout=600)
     test_wall_sec = time.perf_counter() - start  # Measured here, apart from the trainer's clocks.
+    ended = datetime.datetime.now()
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # The process ends soon after its last log line (the headline's; absl stamps it with the local time of
+    # day), not half a minute later: that is how long deleting the tf.data training iterator could wait on
+    # its autotuning thread (data/pipeline.py, _delete_iterator).
+    stamps = re.findall(r"^[IWEF]\d{4} (\d\d:\d\d:\d\d\.\d+) ", proc.stderr, flags=re.M)
+    last_line_at = datetime.time.fromisoformat(stamps[-1])
+    exit_sec = (ended - datetime.datetime.combine(ended.date(), last_line_at)).total_seconds() % 86400
+    assert exit_sec < 10, exit_sec
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert len(lines) < 60, "\n".join(lines)
     messages = [line.split("] ", 1)[-1] for line in lines]
@@ -47,8 +60,17 @@ def test_the_demo_command_learns_from_jpeg_files_and_prints_under_60_lines_endin
     assert {m.split(":")[0].strip() for m in headline[5:]} == {
         "summary", "TensorBoard", "checkpoints", "best weights", "exported weights"}
     assert all(pathlib.Path(m.split(": ", 1)[1]).exists() for m in headline[5:])
+    # What the console leaves out by default (the flags of the next test bring it back): other libraries'
+    # INFO lines, the config; and the freed memory is kept (CPU runs, host_memory.py), set before JAX's
+    # backend started, once.
     assert not any("checkpoint_manager" in line or "E0000" in line or "oneDNN" in line for line in lines)
+    assert "crop_area_range" not in proc.stdout + proc.stderr
     assert sum("what a step frees is kept for the next" in m for m in messages) == 1
+    assert "asynchronous CPU dispatch is on" not in proc.stderr
+    # Progress at every log point: where it is, the loss, images/sec and the time left.
+    line = r"step (\d+)/563 \(epoch [\d.]+\): loss [\d.]+, .*, [\d.]+ images/sec, ETA \S+"
+    progress = [re.fullmatch(line, m) for m in messages if m.startswith("step ")]
+    assert all(progress) and [int(p[1]) for p in progress] == [*range(25, 563, 25), 563], messages
     summary = json.loads((workdir / "summary.json").read_text())
     assert f"final {100 * summary['accuracy']['final_eval_top1']:.2f}%" in headline[1]
     assert json.loads((workdir / "config.json").read_text())["model"]["name"] == "resnet18"
@@ -84,20 +106,33 @@ def test_the_demo_command_learns_from_jpeg_files_and_prints_under_60_lines_endin
     assert throughput["steady_state_steps"] * 128 / throughput["images_per_sec"] < test_wall_sec
 
 
-def test_print_config_and_verbosity_bring_back_what_is_hidden(tmp_path):
-    args = [sys.executable, "-m", "resnet_scaling.train", "--config=demo", f"--workdir={tmp_path / 'run'}",
-            f"--config.data.cache_dir={tmp_path / 'cache'}", "--config.data.num_train_examples=128",
-            "--config.data.num_eval_examples=64", "--config.training.num_train_steps=2",
-            "--config.eval.global_batch_size=64", "--config.training.tensorboard=false"]
-    quiet = subprocess.run(args, cwd=tmp_path, env=_cli_env(), capture_output=True, text=True, timeout=300)
-    loud = subprocess.run([*args, "--print_config", "--verbosity=0", "--nokeep_freed_memory"], cwd=tmp_path,
-                          env=_cli_env(), capture_output=True, text=True, timeout=300)
-    assert quiet.returncode == 0 and loud.returncode == 0, loud.stderr[-3000:]
-    kept = "what a step frees is kept for the next"  # CPU runs by default (host_memory.py).
-    assert kept in quiet.stdout + quiet.stderr and kept not in loud.stdout + loud.stderr
-    assert "asynchronous CPU dispatch is on" not in quiet.stderr  # Set before JAX's backend started.
-    assert "crop_area_range" not in quiet.stdout + quiet.stderr and "crop_area_range" in loud.stdout
-    assert "checkpoint_manager.py" not in quiet.stderr and "checkpoint_manager.py" in loud.stderr
+@pytest.mark.slow
+def test_a_config_file_with_overrides_trains_and_flags_bring_back_what_the_console_hides(tmp_path):
+    """The config given as a file path (from the repository) with overrides, and the flags that undo the
+    console's defaults (the demo test above checks those defaults): --print_config prints the config,
+    --verbosity=0 brings back other libraries' INFO lines, --nokeep_freed_memory turns the kept memory off."""
+    workdir = tmp_path / "run"
+    args = ["--config=configs/demo.py", f"--workdir={workdir}", "--config.model.name=resnet_tiny",
+            "--config.data.num_train_examples=256", "--config.data.num_eval_examples=64",
+            "--config.training.num_train_steps=4", "--config.training.global_batch_size=32",
+            "--config.training.log_every_steps=2", "--config.eval.global_batch_size=32",
+            "--config.training.tensorboard=false", f"--config.data.cache_dir={tmp_path / 'cache'}",
+            "--print_config", "--verbosity=0", "--nokeep_freed_memory"]
+    proc = subprocess.run([sys.executable, "-m", "resnet_scaling.train", *args], cwd=REPO, env=_cli_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stderr
+    # The overrides: the model, the batch, the dataset's sizes and the run's length; progress every 2 steps.
+    assert json.loads((workdir / "config.json").read_text())["model"]["name"] == "resnet_tiny"
+    for expected in ("Mesh: 1 devices", "32 global, 32 per device", "Compiled the train step",
+                     "step 4/4", "images/sec", "ETA", "over 64 images"):
+        assert expected in log, expected
+    steps = [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert steps[:2] == [2, 4]
+    # The flags.
+    assert "crop_area_range" in proc.stdout
+    assert "checkpoint_manager.py" in log
+    assert "what a step frees is kept for the next" not in proc.stdout + log
 
 
 def test_tensorboard_groups_train_and_eval_tags_and_holds_the_config(tmp_path):

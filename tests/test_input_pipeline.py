@@ -7,6 +7,8 @@ import itertools
 import logging
 import os
 import pathlib
+import threading
+import time
 
 import jax
 import numpy as np
@@ -78,6 +80,7 @@ def test_a_restarted_stream_continues_exactly_where_the_uninterrupted_one_is(fol
         np.testing.assert_array_equal(np.asarray(next(restarted)["images"]), expected)
 
 
+@pytest.mark.slow
 def test_a_preempted_run_on_image_files_resumes_to_the_same_parameters_bit_for_bit(folders, tmp_path,
                                                                                    monkeypatch):
     config = _folder_config(folders, schedule__name="constant", schedule__warmup_steps=0,
@@ -93,6 +96,42 @@ def test_a_preempted_run_on_image_files_resumes_to_the_same_parameters_bit_for_b
     for x, y in zip(jax.tree.leaves(jax.device_get(resumed.state.params)),
                     jax.tree.leaves(jax.device_get(reference.state.params)), strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+def test_ending_a_stream_never_waits_for_the_deletion_of_its_tf_data_iterator(folders, monkeypatch):
+    """Deleting a tf.data iterator waits for its autotuning thread, which can sleep up to a minute first
+    (see pipeline._delete_iterator): the training stream, closed, and an evaluation, run to its end, hand
+    their iterators to another thread to delete. Here each deletion blocks until the test releases it."""
+    source = _source(_folder_config(folders))  # Set-up reads through iterators of its own, deleted at once.
+    release, deleted_by = threading.Event(), []
+    as_numpy_iterator = tf.data.Dataset.as_numpy_iterator
+
+    class SlowToDelete:
+        def __init__(self, dataset):
+            self._iterator = as_numpy_iterator(dataset)
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return next(self._iterator)
+
+        def __del__(self):
+            release.wait(timeout=30)
+            deleted_by.append(threading.current_thread())
+
+    monkeypatch.setattr(tf.data.Dataset, "as_numpy_iterator", lambda dataset: SlowToDelete(dataset))
+    start = time.monotonic()
+    stream = source.train_batches()
+    next(stream)
+    stream.close()
+    assert len(list(source.eval_batches())) == 2  # 9 images in batches of 8.
+    assert time.monotonic() - start < 20 and deleted_by == []  # Not deleted on this thread: not waited for.
+    release.set()
+    deadline = time.monotonic() + 30
+    while len(deleted_by) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(deleted_by) == 2 and threading.main_thread() not in deleted_by  # Deleted, elsewhere.
 
 
 def test_same_seed_same_batches_other_seed_other_batches(folders):

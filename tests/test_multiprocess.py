@@ -143,6 +143,7 @@ def _assert_bitwise_equal(a, b):
         np.testing.assert_array_equal(x, y, err_msg=jax.tree_util.keystr(path))
 
 
+@pytest.mark.slow
 def test_a_killed_then_preempted_two_process_job_resumes_bit_for_bit_and_evaluates_every_image_once(tmp_path):
     reference, run, holds = tmp_path / "reference", tmp_path / "run", tmp_path / "holds"
     holds.mkdir()
