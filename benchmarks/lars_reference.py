@@ -108,13 +108,13 @@ def main() -> None:
     print(f"{'wd|w|/|g|':>14} {'optax.lars':>12} {'reference':>12} {'tf1.12':>12} {'optax/ref':>10} "
           f"{'tf1.12/ref':>10}")
     for r in sizes:
-        print(f"{r['wd_w_over_g']!s:>14} {r['optax_lars']:>12.4g} {r['reference']:>12.4g} {r['tf1.12']:>12.4g} "
-              f"{r['optax_over_reference']:>10.3f} {r['tf1_12_over_reference']:>10.3f}")
+        print(f"{r['wd_w_over_g']!s:>14} {r['optax_lars']:>12.4g} {r['reference']:>12.4g} "
+              f"{r['tf1.12']:>12.4g} {r['optax_over_reference']:>10.3f} {r['tf1_12_over_reference']:>10.3f}")
     if args.json_out:
         with open(args.json_out, "w") as f:
+            command = "python benchmarks/lars_reference.py --json_out=" + args.json_out
             json.dump({"learning_rates": lrs, "update_sizes": sizes, "jax": jax.__version__,
-                       "cpu_model": hardware.host_cpu_model(),
-                       "command": "python benchmarks/lars_reference.py --json_out=" + args.json_out}, f, indent=1)
+                       "cpu_model": hardware.host_cpu_model(), "command": command}, f, indent=1)
 
 
 if __name__ == "__main__":
