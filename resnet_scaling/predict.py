@@ -134,9 +134,10 @@ class Predictor:
         return np.stack(prepared) if prepared else np.zeros((0, size, size, 3), np.uint8)
 
     def _as_given_message(self, shape: tuple[int, ...]) -> str:
-        return (f"This run trained on data.source={self.config.data.source!r}, which takes images as given "
-                f"(no resize or crop): pass uint8 images [N, {self.image_size}, {self.image_size}, 3] as its "
-                f"arrays were, got {shape}.")
+        return (f"Expected uint8 images [N, {self.image_size}, {self.image_size}, 3] (NHWC, RGB; "
+                f"config.data.image_size is {self.image_size}), got shape {shape}: this run trained on "
+                f"data.source={self.config.data.source!r}, which takes images as given (no resize or crop), "
+                "so pass them shaped as its arrays were.")
 
     def predict_classes(self, images: np.ndarray | jax.Array) -> np.ndarray:
         """The most likely class of each image, int32 [N]."""
