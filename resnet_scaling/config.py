@@ -239,9 +239,10 @@ def _validate_bn_group_size(v: _Problems, config: ml_collections.ConfigDict,
               f"{group_size}.")
     if group_size <= 0 or not (isinstance(global_batch, int) and global_batch > 0):
         return  # No groups, or a batch already reported: nothing to divide.
-    v.require(global_batch % group_size == 0, field,
-              f"{group_size} images per group do not divide the global batch of {global_batch}; use a "
-              f"divisor of it, or -1 for the whole batch.")
+    if not v.require(global_batch % group_size == 0, field,
+                     f"{group_size} images per group do not divide the global batch of {global_batch}; use "
+                     f"a divisor of it, or -1 for the whole batch."):
+        return
     if num_devices is not None and global_batch % num_devices == 0:
         per_device = global_batch // num_devices
         v.require(group_size % per_device == 0, field,
@@ -282,9 +283,12 @@ class _Problems:
     def __init__(self) -> None:
         self.messages: list[str] = []
 
-    def require(self, condition: bool, field: str, message: str) -> None:
+    def require(self, condition: bool, field: str, message: str) -> bool:
+        """Records `message` for `field` unless `condition`; returns `condition` (False: skip the checks
+        that build on it)."""
         if not condition:
             self.messages.append(f"config.{field}: {message}")
+        return bool(condition)
 
     def choice(self, value: str, field: str, choices: tuple[str, ...]) -> None:
         self.require(value in choices, field, f"unknown value {value!r}; choose one of {', '.join(choices)}.")

@@ -265,7 +265,7 @@ def test_a_full_disk_met_by_a_metrics_write_names_the_cause_and_the_last_checkpo
 
     def fill_the_disk_at_step_5(path, text):
         is_goodput = str(path).endswith(goodput.GOODPUT_FILENAME)
-        if is_goodput and json.loads(text)["launches"][-1]["last_step"] >= 5:
+        if is_goodput and (json.loads(text)["launches"][-1]["last_step"] or 0) >= 5:
             # Wrapped, as orbax wraps TensorStore's errors: the cause is found along the chain.
             raise ValueError("write failed") from OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         real_write(path, text)

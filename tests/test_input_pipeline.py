@@ -198,12 +198,13 @@ def test_undecodable_files_are_skipped_and_counted_and_awkward_ones_decode(folde
 
 def test_a_dataset_where_nothing_decodes_is_refused_at_start_up_naming_the_files(tmp_path):
     for split in ("train", "val"):
-        (tmp_path / split / "a").mkdir(parents=True)
-        for i in range(3):
-            (tmp_path / split / "a" / f"{i}.jpg").write_bytes(os.urandom(500))
-    with pytest.raises(data.DataError, match=r"None of the 3 training images sampled .* could be decoded .*"
-                                             r"a/0\.jpg, .*a/1\.jpg, .*a/2\.jpg; remove or replace them"):
-        _source(_folder_config(tmp_path, model__num_classes=1))
+        for name, count in (("a", 3), ("b", 1)):
+            (tmp_path / split / name).mkdir(parents=True)
+            for i in range(count):
+                (tmp_path / split / name / f"{i}.jpg").write_bytes(os.urandom(500))
+    with pytest.raises(data.DataError, match=r"None of the 4 training images sampled .* could be decoded .*"
+                                             r"(a/\d\.jpg|b/0\.jpg), .* and 1 more; remove or replace them"):
+        _source(_folder_config(tmp_path, model__num_classes=2))
 
 
 def _empty_files(folder, count):

@@ -161,7 +161,7 @@ def test_tpu_vm_run_and_stop_pass_values_as_data_and_stop_only_the_recorded_proc
     trainer_log = tmp_path / "trainer.jsonl"
     worker_env = {**os.environ, "HOME": str(home), "TRAINER_LOG": str(trainer_log), "TRAINER_SLEEP_SEC": "60"}
     subprocess.run(["bash", "-c", command], env=worker_env, cwd=home, check=True, timeout=30)
-    _wait_for(trainer_log.exists)
+    _wait_for(lambda: trainer_log.exists() and trainer_log.read_text().endswith("\n"))  # Written whole.
     started = json.loads(trainer_log.read_text())
     assert started["argv"] == ["-m", "resnet_scaling.train", f"--config={CONFIG}", f"--workdir={WORKDIR}",
                                *EXTRA_WORDS, *ARGS_AFTER]
