@@ -42,20 +42,11 @@ def mlperf_v07_jax_hyperparameters(global_batch_size: int) -> dict[str, float]:
     """The MLPerf v0.7 Google JAX ResNet-50 submission's choices for a global batch (its train.py:
     polynomial_learning_rate_fn and main): base learning rate, warm-up epochs, momentum, weight decay and
     epochs."""
-    if global_batch_size < 16_384:
-        lr, warmup = 10.0, 5.0
-    elif global_batch_size < 32_768:
-        lr, warmup = 25.0, 5.0
-    elif global_batch_size < 65_536:
-        lr, warmup = 29.0, 18.0
-    else:
-        lr, warmup = 23.080977304670448, 33.0
-    if global_batch_size < 32_768:
-        momentum, epochs = 0.9, 56.0
-    elif global_batch_size < 65_536:
-        momentum, epochs = 0.929, 64.0
-    else:
-        momentum, epochs = 0.9537213777059405, 92.0
+    # (global batch below, base learning rate, warm-up epochs, momentum, epochs), searched in order.
+    table = ((16_384, 10.0, 5.0, 0.9, 56.0), (32_768, 25.0, 5.0, 0.9, 56.0),
+             (65_536, 29.0, 18.0, 0.929, 64.0), (None, 23.080977304670448, 33.0, 0.9537213777059405, 92.0))
+    _, lr, warmup, momentum, epochs = next(row for row in table
+                                           if row[0] is None or global_batch_size < row[0])
     return {"base_learning_rate": lr, "warmup_epochs": warmup, "momentum": momentum,
             "weight_decay": 2e-4 if global_batch_size < 32_768 else 1e-4, "num_epochs": epochs}
 

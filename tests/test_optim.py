@@ -273,6 +273,13 @@ def _tf_name(path: tuple[str, ...]) -> str:
     return "/".join("batch_normalization" if "bn" in part else part for part in path)
 
 
+def _np_trust_ratio(var, grad, wd, eeta, epsilon):
+    """compute_lr's trust ratio, the same in every reference: 1 where either norm is 0."""
+    w_norm = np.linalg.norm(var.ravel())
+    g_norm = np.linalg.norm(grad.ravel())
+    return eeta * w_norm / (g_norm + wd * w_norm + epsilon) if w_norm > 0 and g_norm > 0 else 1.0
+
+
 def _np_tf112_step(name, var, accum, grad, lr, momentum, wd, eeta=0.001, epsilon=0.0):
     """TensorFlow 1.12.0 (wheel tensorflow-1.12.0-cp36-cp36m-manylinux1_x86_64.whl, sha256
     531619ad1c17b4084d09f442a9171318af813e81aae748e5de8274d561461749):
@@ -284,10 +291,7 @@ def _np_tf112_step(name, var, accum, grad, lr, momentum, wd, eeta=0.001, epsilon
         grad = grad + wd * var
     scaled_lr = lr
     if not any(s in name for s in SKIP_LIST):
-        w_norm = np.linalg.norm(var.ravel())
-        g_norm = np.linalg.norm(grad.ravel())
-        trust_ratio = eeta * w_norm / (g_norm + wd * w_norm + epsilon) if w_norm > 0 and g_norm > 0 else 1.0
-        scaled_lr = lr * trust_ratio
+        scaled_lr = lr * _np_trust_ratio(var, grad, wd, eeta, epsilon)
     accum = accum * momentum + grad
     return -scaled_lr * accum, accum
 
@@ -298,10 +302,7 @@ def _np_reference_step(name, var, accum, grad, lr, momentum, wd, eeta=0.001, eps
     gradient; apply_momentum with lr 1 and `grad * scaled_lr`), skipped variables plain momentum."""
     scaled_lr = lr
     if not any(s in name for s in SKIP_LIST):
-        w_norm = np.linalg.norm(var.ravel())
-        g_norm = np.linalg.norm(grad.ravel())
-        trust_ratio = eeta * w_norm / (g_norm + wd * w_norm + epsilon) if w_norm > 0 and g_norm > 0 else 1.0
-        scaled_lr = lr * trust_ratio
+        scaled_lr = lr * _np_trust_ratio(var, grad, wd, eeta, epsilon)
         grad = grad + wd * var
     accum = accum * momentum + grad * scaled_lr
     return -accum, accum
