@@ -60,4 +60,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=lambda argv: app.parse_flags_with_usage(config_lib.resolve_config_flag(argv)))
+    app.run(main, flags_parser=lambda argv: console.parse_flags(config_lib.resolve_config_flag(argv)))

@@ -27,6 +27,22 @@ from typing import Any
 LIBRARY_LOGGER = "resnet_scaling"
 # How long a failed command waits for other threads (an orbax save in flight) after its error line.
 EXIT_GRACE_SEC = 10.0
+# absl's help flags: each prints its text, then absl exits with status 1.
+HELP_FLAGS = frozenset({"--help", "-help", "-h", "-?", "--helpshort", "-helpshort", "--helpfull", "-helpfull",
+                        "--helpxml", "-helpxml"})
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's `app.parse_flags_with_usage`, except that asking for help exits with status 0: a user (or a
+    script) who typed `--help` got what was asked for."""
+    from absl import app
+
+    try:
+        return app.parse_flags_with_usage(argv)
+    except SystemExit as e:
+        if e.code == 1 and HELP_FLAGS.intersection(argv[1:]):
+            raise SystemExit(0) from None
+        raise
 
 
 def configure_command_line_logging(workdir: str | None = None) -> str | None:

@@ -15,3 +15,7 @@ class RunError(Exception):
 
 class MissingExtraError(RunError, ImportError):
     """A feature needs a package that only one of the package's extras installs; the message names it."""
+
+
+class ConfigError(RunError, ValueError):
+    """An invalid configuration; the message names the field and the fix."""

@@ -8,6 +8,7 @@ from zero. A run that resumes from its own checkpoint ignores `init_from`.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import jax
@@ -20,6 +21,7 @@ from resnet_scaling import checkpointing, models, steps, weights
 from resnet_scaling.plan import ConfigError
 
 FIELD = "config.model.init_from"
+logger = logging.getLogger(__name__)
 
 
 def load_variables(path: str, model: models.ResNet, skip_classifier: bool) -> dict[str, Any]:
@@ -58,23 +60,35 @@ def initialise_state(state: steps.TrainState, variables: dict[str, Any], path: s
     flat_current = traverse_util.flatten_dict(current, sep="/")
     flat_loaded = traverse_util.flatten_dict(variables, sep="/")
     kept = {k for k in flat_current if skip_classifier and k.startswith("params/classifier/")}
-    problems = [f"missing {k} {tuple(v.shape)}" for k, v in flat_current.items()
-                if k not in flat_loaded and k not in kept]
-    problems += [f"unexpected {k} {tuple(np.shape(v))}" for k, v in flat_loaded.items()
-                 if k not in flat_current]
-    problems += [f"{k}: the weights have shape {tuple(np.shape(flat_loaded[k]))}, the model {tuple(v.shape)}"
-                 for k, v in flat_current.items() if k in flat_loaded and np.shape(flat_loaded[k]) != v.shape]
-    if problems:
+    missing = [f"{k} {tuple(v.shape)}" for k, v in flat_current.items()
+               if k not in flat_loaded and k not in kept]
+    unexpected = [f"{k} {tuple(np.shape(v))}" for k, v in flat_loaded.items() if k not in flat_current]
+    reshaped = [f"{k}: {tuple(np.shape(flat_loaded[k]))} in the weights, {tuple(v.shape)} in the model"
+                for k, v in flat_current.items() if k in flat_loaded and np.shape(flat_loaded[k]) != v.shape]
+    if missing or unexpected or reshaped:
+        problems = [_some("of another shape", reshaped), _some("missing from the weights", missing),
+                    _some("unexpected in the weights", unexpected)]
         hint = ""
-        if all("classifier" in p for p in problems):
+        if all("classifier" in p for p in reshaped + missing + unexpected):
             hint = (" Only the classifier differs: set --config.model.init_skip_classifier=true to fine-tune "
                     "with a new one for config.model.num_classes.")
-        raise ConfigError(f"{FIELD}: the weights in {path} do not fit the model ({'; '.join(problems[:8])}"
-                          f"{'; ...' if len(problems) > 8 else ''}).{hint}")
+        elif reshaped and not missing and not unexpected:
+            hint = " Same layers, other widths: config.model.num_filters differs from the weights' run."
+        raise ConfigError(f"{FIELD}: the weights in {path} do not fit the model. "
+                          f"{' '.join(p for p in problems if p)}{hint}")
     merged = {k: (v if k in kept else jax.device_put(np.asarray(flat_loaded[k], v.dtype), v.sharding))
               for k, v in flat_current.items()}
     merged = traverse_util.unflatten_dict(merged, sep="/")
     return state.replace(params=merged["params"], batch_stats=merged["batch_stats"])
+
+
+def _some(what: str, items: list[str], shown: int = 2) -> str:
+    """"3 arrays missing from the weights: a (3,); b (4,); and 1 more.": a count and the first few (a
+    width mismatch puts every array of the model in one list)."""
+    if not items:
+        return ""
+    more = f"; and {len(items) - shown} more" if len(items) > shown else ""
+    return f"{len(items)} array{'s' * (len(items) > 1)} {what}: {'; '.join(items[:shown])}{more}."
 
 
 def initialise_from_config(state: steps.TrainState, config: ml_collections.ConfigDict,
@@ -84,4 +98,12 @@ def initialise_from_config(state: steps.TrainState, config: ml_collections.Confi
     if not path:
         return state
     skip = bool(config.model.init_skip_classifier)
-    return initialise_state(state, load_variables(path, model, skip), path, skip)
+    state = initialise_state(state, load_variables(path, model, skip), path, skip)
+    loaded = [x for name, tree in (("params", state.params), ("batch_stats", state.batch_stats))
+              for key, x in traverse_util.flatten_dict(tree, sep="/").items()
+              if not (skip and name == "params" and key.startswith("classifier/"))]
+    logger.info("Initialised from %s: %d arrays, %s numbers (parameters and batch-norm statistics); %s; "
+                "the step, the optimizer state and the schedule start from zero.", path, len(loaded),
+                f"{sum(x.size for x in loaded):,}",
+                "the classifier starts afresh (init_skip_classifier)" if skip else "nothing re-initialised")
+    return state

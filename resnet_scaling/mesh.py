@@ -18,6 +18,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from resnet_scaling.errors import ConfigError
+
 DATA_AXIS = "data"  # Devices of one slice (ICI); the only axis of a single-slice mesh.
 DCN_AXIS = "dcn"  # Slices, joined by the data-center network; present when there are several.
 
@@ -46,31 +48,35 @@ def create_mesh(num_devices: int = -1, devices: list[jax.Device] | None = None,
 
     Returns:
       A 1-D mesh (axis `data`) for one slice, else a 2-D mesh (`dcn`, `data`).
+
+    Raises:
+      ConfigError: a device count or slice count these devices cannot give, naming the field to change.
     """
     devices = list(devices if devices is not None else jax.devices())
     num_devices = mesh_size(num_devices, len(devices))
     if num_devices <= 0:
-        raise ValueError(f"config.mesh.num_devices: use -1 (all devices) or a positive count, got "
-                         f"{num_devices}.")
+        raise ConfigError(f"config.mesh.num_devices: use -1 (all devices) or a positive count, got "
+                          f"{num_devices}.")
     if num_devices > len(devices):
-        raise ValueError(
+        raise ConfigError(
             f"config.mesh.num_devices: asked for {num_devices} devices but only {len(devices)} are "
-            f"visible ({devices[0].platform}); set --config.mesh.num_devices=-1 to use them all."
-        )
+            f"visible ({devices[0].platform}); set --config.mesh.num_devices=-1 to use them all. A config "
+            "made for a larger system is checked without it by compiling for its topology here: "
+            "python -m resnet_scaling.compile --config=CONFIG (needs the [tpu] extra).")
     if num_devices < len(devices) and jax.process_count() > 1:
-        raise ValueError(
+        raise ConfigError(
             "config.mesh.num_devices: a multi-process job must use every device; set it to -1."
         )
     device_slices = device_slice_count(devices)
     if num_slices is None:
         num_slices = device_slices
     if device_slices > 1 and num_slices != device_slices:
-        raise ValueError(f"config.system.num_slices: the devices come from {device_slices} TPU slices; set "
+        raise ConfigError(f"config.system.num_slices: the devices come from {device_slices} TPU slices; set "
                          f"--config.system.num_slices={device_slices}.")
     if num_slices == 1:
         return Mesh(np.array(devices[:num_devices]), (DATA_AXIS,))
     if num_slices < 1 or num_devices != len(devices) or num_devices % num_slices:
-        raise ValueError(
+        raise ConfigError(
             f"config.system.num_slices: {num_slices} slices need every device of the job, split evenly "
             f"between them ({num_devices} of {len(devices)} devices asked for); set "
             f"--config.mesh.num_devices=-1, or num_slices to a divisor of the device count.")

@@ -23,14 +23,10 @@ import ml_collections
 from jax.sharding import Mesh
 
 from resnet_scaling import mesh as mesh_lib
-from resnet_scaling.errors import RunError
+from resnet_scaling.errors import ConfigError
 
 # How the peak learning rate follows the global batch: "linear" (Goyal et al.) or "none" (LARS recipes).
 LR_SCALINGS = ("linear", "none")
-
-
-class ConfigError(RunError, ValueError):
-    """An invalid configuration; the message names the field and the fix."""
 
 
 Rounding = Literal["up", "down", "nearest", "interval"]

@@ -3,7 +3,7 @@
 `--config` takes a config file's path or the name of one shipped with the package (`--config=demo`,
 `--config=pod`). Override any config field on the command line: `--config.training.global_batch_size=256`.
 The console shows our progress and other libraries' warnings (`--verbosity=0` shows their INFO lines) and
-ends with a headline; the config goes to WORKDIR/config.json (`--print_config` also prints it).
+ends with a headline; the config goes to WORKDIR/config.json (`--print_config` prints it and exits).
 Multi-process jobs (TPU pod slices, SLURM, launch/local.py) join up first; see `distributed.py`.
 """
 
@@ -20,14 +20,16 @@ from ml_collections import config_flags
 
 from resnet_scaling import config as config_lib
 from resnet_scaling import console, distributed, errors, host_memory, trainer, xla_flags
+from resnet_scaling import workdir as workdir_lib
 
 logger = logging.getLogger("resnet_scaling.train")  # Not __name__: "__main__" under `python -m`.
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A config file (configs/*.py) or the name of a shipped one: " +
     ", ".join(config_lib.shipped_config_names()) + ".", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics, summaries and checkpoints.")
-flags.mark_flags_as_required(["config", "workdir"])
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics, summaries and checkpoints "
+                                "(required, but with --print_config).")
+flags.mark_flags_as_required(["config"])
 # Multi-process settings; unset, they come from the environment or the cluster (distributed.py).
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0's coordinator.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
@@ -44,14 +46,21 @@ _KEEP_FREED_MEMORY = flags.DEFINE_bool(
     "keep_freed_memory", True, "Steps on the CPU: run them on the main thread and have glibc keep the memory "
     "a step frees for the next, instead of faulting it in again (1.3x the ResNet-50 step on 2 cores; "
     "host_memory.py). No effect on accelerators.")
-_PRINT_CONFIG = flags.DEFINE_bool("print_config", False, "Print the config before training (it is always "
-                                  "written to WORKDIR/config.json).")
+_PRINT_CONFIG = flags.DEFINE_bool("print_config", False, "Print the config, overrides applied, and exit "
+                                  "without training (a run writes it to WORKDIR/config.json).")
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-    console.configure_command_line_logging(_WORKDIR.value)
+    if _PRINT_CONFIG.value:  # Before anything starts: no backend, no job, no workdir.
+        print(load_config(), flush=True)
+        return
+    if not _WORKDIR.value:
+        raise SystemExit("error: --workdir is required: the directory for the run's checkpoints, metrics and "
+                         "logs (--print_config alone shows the config without one).")
+    new_workdir = not workdir_lib.as_path(_WORKDIR.value).exists()
+    log_file = console.configure_command_line_logging(_WORKDIR.value)
     # These must run before anything initialises a JAX backend.
     if xla_flags.no_accelerator_found():
         jax.config.update("jax_platforms", "cpu")
@@ -70,14 +79,14 @@ def main(argv: list[str]) -> None:
     except RuntimeError as e:  # the job did not form: say why, without a traceback
         raise SystemExit(f"error: {e}") from None
     config = load_config()
-    if _PRINT_CONFIG.value:
-        print(config, flush=True)
     if cache_dir := compilation_cache_dir(config, _WORKDIR.value):
         enable_compilation_cache(cache_dir)
         logger.info("Compilation cache: %s", cache_dir)
     try:
         result = trainer.train_and_evaluate(config, _WORKDIR.value)  # Validates the config first, once.
     except errors.RunError as e:  # Bad config, data, workdir, checkpoints, divergence: say what to do.
+        if new_workdir:  # A refused first launch leaves no empty workdir behind.
+            workdir_lib.remove_refused_launch(_WORKDIR.value, log_file)
         console.exit_after_error(f"error: {e}")
     except Exception:  # A bug: its traceback, then the same bounded exit.
         logger.exception("The run failed:")
@@ -133,7 +142,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     argv = config_lib.resolve_config_flag(argv)
     _check_config_file(argv)
     try:
-        return app.parse_flags_with_usage(argv)
+        return console.parse_flags(argv)
     except (AttributeError, KeyError) as e:  # A mistyped override: --config.training.global_batchsize=8
         raise SystemExit(f"error: {_unknown_field_message(e, argv)}") from None
 

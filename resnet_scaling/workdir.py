@@ -15,6 +15,7 @@ they hold the lock; each reads the lock back after writing it, which narrows tha
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib.util
 import json
@@ -81,9 +82,27 @@ def check_writable(workdir: str | os.PathLike[str]) -> epath.Path:
         probe.write_text("ok")
         probe.unlink()
     except OSError as e:
-        raise WorkdirError(f"Cannot write to the workdir {path}: {describe_os_error(e)}. "
+        # mkdir reports a file in the workdir's place as EEXIST; what is wrong is that it is no directory.
+        cause = (f"{os.strerror(errno.ENOTDIR)} (ENOTDIR): a file has that name"
+                 if isinstance(e, FileExistsError) else describe_os_error(e))
+        raise WorkdirError(f"Cannot write to the workdir {path}: {cause}. "
                            "Pass a --workdir this user can write to.") from None
     return path
+
+
+def remove_refused_launch(workdir: str, log_file: str | None) -> None:
+    """Takes back what a refused first launch made of a workdir that did not exist before it: this process's
+    log file, then whichever of logs/, the compilation cache and the workdir are left empty. A directory
+    that holds anything (another process's log, a compiled program, a checkpoint) stays: only empty
+    directories are removed, so nothing a run wrote is lost. Local workdirs only."""
+    if "://" in workdir:
+        return
+    if log_file:
+        with contextlib.suppress(OSError):
+            os.remove(log_file)
+    for folder in (os.path.join(workdir, "logs"), os.path.join(workdir, "compilation_cache"), workdir):
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
 
 
 def write_text_atomically(path: str | os.PathLike[str], text: str) -> None:

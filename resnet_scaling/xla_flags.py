@@ -69,6 +69,30 @@ def no_accelerator_found(env: Mapping[str, str] | None = None, dev_dir: str = "/
     return not env.get("JAX_PLATFORMS") and detect_backend(env, dev_dir) == "cpu"
 
 
+def skip_tpu_probe_without_accelerator() -> bool:
+    """Pins JAX to the CPU, as the entry points do, where that cannot change which device it would use:
+    no platform chosen (JAX_PLATFORMS, `jax_platforms`), no accelerator's device files, no GPU plugin
+    installed, and no backend started yet. Returns whether it did.
+
+    The package runs this once when imported, its one import-time setting: with libtpu installed (the
+    `tpu` and `test` extras), JAX otherwise probes for a TPU first and prints five lines of libtpu errors
+    ("INVALID_ARGUMENT: unexpected worker hostname ...") in every notebook or script on a machine without
+    one, before it falls back to the CPU anyway.
+    """
+    import importlib.metadata
+    import importlib.util
+
+    import jax
+    from jax._src import xla_bridge
+
+    if jax.config.jax_platforms or not no_accelerator_found() or xla_bridge.backends_are_initialized():
+        return False
+    if importlib.util.find_spec("jax_plugins") or importlib.metadata.entry_points(group="jax_plugins"):
+        return False  # A CUDA or ROCm plugin: its devices may exist without the files looked for here.
+    jax.config.update("jax_platforms", "cpu")
+    return True
+
+
 def _flag_name(flag: str) -> str:
     return flag.split("=", 1)[0]
 

@@ -16,7 +16,7 @@ import pytest
 
 from resnet_scaling import checkpointing, models, trainer
 from resnet_scaling import config as config_lib
-from resnet_scaling.evaluate import evaluate_workdir
+from resnet_scaling.evaluation import evaluate_workdir
 from resnet_scaling.predict import Predictor, load_predictor
 from tests.helpers import tiny_config
 

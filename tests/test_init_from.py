@@ -4,6 +4,7 @@
 import jax
 import numpy as np
 import pytest
+from flax.traverse_util import flatten_dict
 
 from resnet_scaling import checkpointing, trainer, training_setup
 from resnet_scaling.config import ConfigError
@@ -37,14 +38,24 @@ def test_training_starts_from_a_runs_weights(trained, where):
     assert run.state.params["classifier"]["kernel"].sharding.is_fully_replicated
 
 
-def test_fine_tuning_on_other_classes_needs_skip_classifier(trained):
+def test_fine_tuning_on_other_classes_needs_skip_classifier(trained, caplog):
     config = tiny_config(model__init_from=str(trained), model__num_classes=4)
     arrays = random_arrays(num_classes=4)
     with pytest.raises(ConfigError, match=r"classifier.*init_skip_classifier=true"):
         training_setup.setup(config, arrays=arrays)
     config.model.init_skip_classifier = True
-    run = training_setup.setup(config, arrays=arrays)
+    with caplog.at_level("INFO", logger="resnet_scaling"):
+        run = training_setup.setup(config, arrays=arrays)
     loaded, _ = checkpointing.load_exported(str(trained))
+    # One line says what was loaded (every exported array but the classifier's kernel and bias) and what not.
+    taken = [x for key, x in flatten_dict(loaded, sep="/").items()
+             if not key.startswith("params/classifier/")]
+    assert len(taken) == len(jax.tree.leaves(loaded)) - 2
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Initialised from")]
+    assert lines == [f"Initialised from {trained}: {len(taken)} arrays, {sum(x.size for x in taken):,} "
+                     "numbers (parameters and batch-norm statistics); the classifier starts afresh "
+                     "(init_skip_classifier); the step, the optimizer state and the schedule start from "
+                     "zero."]
     np.testing.assert_array_equal(jax.device_get(run.state.params["stem_conv"]["kernel"]),
                                   loaded["params"]["stem_conv"]["kernel"])
     assert run.state.params["classifier"]["kernel"].shape == (64, 4)  # Fresh, for 4 classes.
@@ -74,6 +85,9 @@ def test_other_mismatches_and_missing_paths_are_refused(trained, tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         training_setup.setup(tiny_config(model__init_from=str(tmp_path / "nowhere")), arrays=random_arrays())
     wider = tiny_config(model__init_from=str(trained), model__num_filters=16)
-    with pytest.raises(ConfigError, match=r"do not fit the model \(params/.*shape") as info:
+    refused = r"do not fit the model\. \d+ arrays of another shape: params/"
+    with pytest.raises(ConfigError, match=refused) as info:
         training_setup.setup(wider, arrays=random_arrays())
-    assert "init_skip_classifier" not in str(info.value)  # Not only the classifier: no fine-tuning hint.
+    message = str(info.value)
+    assert "init_skip_classifier" not in message  # Not only the classifier: no fine-tuning hint.
+    assert "num_filters" in message and len(message) < 400, message  # The cause, in a few lines.

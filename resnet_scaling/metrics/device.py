@@ -59,12 +59,13 @@ def first_non_finite_step(records: list[dict[str, float]], key: str = "loss") ->
     return None
 
 
-def summarize_eval(sums: Mapping[str, Any]) -> dict[str, float]:
-    """Turns summed eval metrics (`loss_sum`, `top1_sum`, `top5_sum`, `count`) into means."""
+def summarize_eval(sums: Mapping[str, Any]) -> dict[str, float | int]:
+    """Turns summed eval metrics (`loss_sum`, `top1_sum`, `top5_sum`, `count`) into means, with the
+    number of images counted (`eval_count`, an integer: the device sums it as a float)."""
     count = float(sums["count"])
     return {
         "eval_loss": float(sums["loss_sum"]) / count,
         "eval_top1": float(sums["top1_sum"]) / count,
         "eval_top5": float(sums["top5_sum"]) / count,
-        "eval_count": count,
+        "eval_count": round(count),
     }

@@ -1,0 +1,89 @@
+"""The edges of the commands a first day meets: `--help`, `--print_config`, a config made for a pod started
+on this machine, a workdir that is a file, and libtpu's start-up noise in a script that imports the package.
+Each runs as a user runs it: `python -m ...` in a fresh process, with the machine's own devices."""
+
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from resnet_scaling import workdir as workdir_lib
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _user_env() -> dict[str, str]:
+    # No fake devices and no platform chosen: what a user's shell has.
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    return {**env, "PYTHONPATH": str(REPO)}
+
+
+def _run(args: list[str], cwd: pathlib.Path, timeout: int = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=_user_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate"])
+def test_help_exits_zero_without_warnings(command, tmp_path):
+    proc = _run(["-m", f"resnet_scaling.{command}", "--help"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--workdir" in proc.stdout
+    # runpy warns when the package has already imported the module `-m` is about to run.
+    assert "RuntimeWarning" not in proc.stderr and "sys.modules" not in proc.stderr, proc.stderr
+
+
+def test_print_config_prints_the_overridden_config_and_exits_without_a_workdir(tmp_path):
+    proc = _run(["-m", "resnet_scaling.train", "--config=demo", "--print_config",
+                 "--config.training.global_batch_size=64"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "  global_batch_size: 64\n" in proc.stdout, proc.stdout
+    assert "Step " not in proc.stdout + proc.stderr and list(tmp_path.iterdir()) == []  # Nothing trained.
+
+
+def test_a_pod_config_here_is_one_error_line_pointing_to_compile_and_leaves_no_workdir(tmp_path):
+    """The design card's command on a machine without the pod: one `error:` line naming the fix and the
+    command that checks a pod config here; the workdir it would have made is not left behind."""
+    workdir = tmp_path / "pod_run"
+    proc = _run(["-m", "resnet_scaling.train", "--config=pod", f"--workdir={workdir}"], tmp_path)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert errors[0].startswith("error: config.mesh.num_devices: asked for 512 devices but only 1 are visible")
+    assert "python -m resnet_scaling.compile --config=" in errors[0]
+    assert not workdir.exists(), sorted(p.name for p in workdir.rglob("*"))
+
+
+def test_a_refused_launch_keeps_a_workdir_that_existed_and_anything_written(tmp_path):
+    """Only empty folders a refused first launch made go: an existing workdir and other files stay."""
+    existing = tmp_path / "existing"
+    (existing / "logs").mkdir(parents=True)
+    (existing / "logs" / "other-process.log").write_text("another process's lines")
+    log_file = existing / "logs" / "this-process.log"
+    log_file.write_text("this launch's lines")
+    workdir_lib.remove_refused_launch(str(existing), str(log_file))
+    assert sorted(p.name for p in existing.rglob("*")) == ["logs", "other-process.log"]
+
+
+def test_a_workdir_that_is_a_file_is_named_not_a_directory(tmp_path):
+    path = tmp_path / "a_file"
+    path.write_text("not a directory")
+    with pytest.raises(workdir_lib.WorkdirError, match=r"a_file: Not a directory \(ENOTDIR\): a file has"):
+        workdir_lib.check_writable(str(path))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs libtpu (the tpu or test extra)")
+@pytest.mark.skipif(any(name.startswith("accel") or name == "vfio" for name in os.listdir("/dev")),
+                    reason="this machine has a TPU")
+def test_a_script_importing_the_package_prints_no_libtpu_errors_on_a_machine_without_a_tpu(tmp_path):
+    probe = "import jax; print(jax.devices()[0].platform)"
+    without_package = _run(["-c", probe], tmp_path)
+    with_package = _run(["-c", "import resnet_scaling; " + probe], tmp_path)
+    # The control: JAX alone probes for a TPU through libtpu and prints its errors before using the CPU.
+    assert without_package.stdout.strip() == "cpu" and "INVALID_ARGUMENT" in without_package.stderr
+    assert with_package.returncode == 0 and with_package.stdout.strip() == "cpu", with_package.stderr
+    assert "TPU" not in with_package.stderr and "INVALID_ARGUMENT" not in with_package.stderr, \
+        with_package.stderr
