@@ -477,12 +477,20 @@ def describe_checkpoint_error(error: BaseException) -> str:
 
 
 def _restore_to_host(path: str) -> Any:
-    """Restores a standard orbax checkpoint onto this process's first device, whatever topology wrote it."""
-    checkpointer = ocp.StandardCheckpointer()
-    metadata = checkpointer.metadata(path).item_metadata
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), metadata)
-    return jax.tree.map(np.asarray, checkpointer.restore(path, target))
+    """Restores a standard orbax checkpoint onto this process's first device, whatever topology wrote it.
+
+    Through the item's handler, not a `Checkpointer`: a best/ step's `variables/` is one item of a
+    manager's step, whose step metadata lies a level up, and a Checkpointer pointed at the item warns
+    "Metadata file does not exist" on every load."""
+    path = epath.Path(path)
+    handler = ocp.StandardCheckpointHandler()
+    try:
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                              handler.metadata(path))
+        return jax.tree.map(np.asarray, handler.restore(path, args=ocp.args.StandardRestore(target)))
+    finally:
+        handler.close()
 
 
 def parameter_steps(directory: str) -> list[int]:

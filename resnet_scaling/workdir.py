@@ -95,8 +95,12 @@ def remove_refused_launch(workdir: str, log_file: str | None) -> None:
     log file, then whichever of logs/, the compilation cache and the workdir are left empty. A directory
     that holds anything (another process's log, a compiled program, a checkpoint) stays: only empty
     directories are removed, so nothing a run wrote is lost. Local workdirs only."""
-    if "://" in workdir:
+    if "://" in workdir or not os.path.isdir(workdir):
         return
+    cache = os.path.join(workdir, "compilation_cache")
+    left = set(os.listdir(workdir)) - {"logs", "compilation_cache"}
+    if left or (os.path.isdir(cache) and os.listdir(cache)):
+        return  # The launch got further than its set-up: what it wrote, its log included, stays.
     if log_file:
         with contextlib.suppress(OSError):
             os.remove(log_file)

@@ -16,18 +16,25 @@ def _share_one_compilation_cache() -> None:
     process, before xdist starts its workers) makes the folder. A maximum size turns on JAX's file lock
     (filelock), so that the two workers' launches and the processes of one job never read an entry half
     written. Launches that measure compiling turn it off (the benchmarks) or use their own (the CLI's
-    workdir cache); the test processes themselves do not use it (see below)."""
+    workdir cache); the test processes keep one of their own beside it (see below)."""
     if "JAX_COMPILATION_CACHE_DIR" in os.environ:  # Set by the main process, or by whoever runs the suite.
+        os.makedirs(_in_process_cache_dir(), exist_ok=True)
         return
     import atexit
     import shutil
     import tempfile
 
     folder = tempfile.mkdtemp(prefix="resnet_scaling-tests-compilation-cache-")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     os.environ.update({"JAX_COMPILATION_CACHE_DIR": folder, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
                        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
                        "JAX_COMPILATION_CACHE_MAX_SIZE": str(8 * 2**30)})
+    os.mkdir(_in_process_cache_dir())
+    for path in (folder, _in_process_cache_dir()):
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+
+
+def _in_process_cache_dir() -> str:
+    return os.environ["JAX_COMPILATION_CACHE_DIR"] + "-in-process"
 
 
 _share_one_compilation_cache()
@@ -35,9 +42,13 @@ _share_one_compilation_cache()
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-# In the test processes, writing every small program they compile to the cache costs more than the few hits
-# save: they compile many small programs, each once.
-jax.config.update("jax_compilation_cache_dir", None)
+# The test processes' own persistent cache, shared by the xdist workers: many tests train the same tiny
+# models, and each of those programs is compiled once in the session instead of once per run. It is kept
+# apart from the launches' because the test processes compile fast (below), and JAX's cache keys leave
+# that setting out; `tests.helpers.xla_default_optimizations` turns it off. Programs that compile in a
+# moment (the many small ones) are not written: writing them would cost more than their hits save.
+jax.config.update("jax_compilation_cache_dir", _in_process_cache_dir())
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.3)
 
 
 def pytest_configure(config):

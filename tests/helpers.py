@@ -99,15 +99,22 @@ def xla_default_optimizations() -> Iterator[None]:
     gives it on the CPU (`steps.RUN_ONCE_CPU_COMPILER_OPTIONS`).
 
     `jax_disable_most_optimizations` is read when a program is compiled and is no part of JAX's cache
-    keys, so the caches are cleared on the way in and out: no program compiled on one path runs on the other.
+    keys, so the caches are cleared on the way in and out, and the test processes' persistent cache
+    (tests/conftest.py) is off in the block: no program compiled on one path runs on the other.
     """
     import jax
+    from jax.experimental.compilation_cache import compilation_cache
 
     fast_outside = jax.config.values["jax_disable_most_optimizations"]
+    cache_outside = jax.config.values["jax_compilation_cache_dir"]
     jax.clear_caches()
     jax.config.update("jax_disable_most_optimizations", False)
+    jax.config.update("jax_compilation_cache_dir", None)
+    compilation_cache.reset_cache()  # The cache is set up once per process, at the first compile.
     try:
         yield
     finally:
         jax.config.update("jax_disable_most_optimizations", fast_outside)
+        jax.config.update("jax_compilation_cache_dir", cache_outside)
+        compilation_cache.reset_cache()
         jax.clear_caches()

@@ -52,7 +52,8 @@ def test_a_pod_config_here_is_one_error_line_pointing_to_compile_and_leaves_no_w
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, proc.stderr[-3000:]
-    assert errors[0].startswith("error: config.mesh.num_devices: asked for 512 devices but only 1 are visible")
+    assert errors[0].startswith("error: config.mesh.num_devices: asked for 512 devices but only 1 are "
+                                "visible")
     assert "python -m resnet_scaling.compile --config=" in errors[0]
     assert not workdir.exists(), sorted(p.name for p in workdir.rglob("*"))
 

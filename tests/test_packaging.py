@@ -197,7 +197,9 @@ def test_the_wheel_with_only_its_declared_dependencies_runs_the_demo_on_a_gs_wor
                            "--config.training.global_batch_size=12"], cwd=elsewhere, env=env,
                           capture_output=True, text=True, timeout=300)
     # The pod's BN groups of 128 images cannot split a batch of 12: refused in one line, before any data.
-    assert proc.returncode != 0 and "error: config.model.bn_group_size" in proc.stderr, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode != 0 and len(errors) == 1, proc.stderr[-2000:]
+    assert "config.model.bn_group_size: 128 images per group" in errors[0], errors
 
 
 def test_a_gs_path_without_the_gcs_extra_names_the_extra_before_any_set_up(monkeypatch):
