@@ -4,6 +4,7 @@ per-process shares, epochs, restarts, determinism, exact evaluation, bad files a
 import dataclasses
 import importlib.util
 import itertools
+import json
 import logging
 import os
 import pathlib
@@ -81,21 +82,33 @@ def test_a_restarted_stream_continues_exactly_where_the_uninterrupted_one_is(fol
 
 
 @pytest.mark.slow
-def test_a_preempted_run_on_image_files_resumes_to_the_same_parameters_bit_for_bit(folders, tmp_path,
-                                                                                   monkeypatch):
+def test_a_preempted_run_on_image_files_resumes_to_the_same_state_bit_for_bit(folders, tmp_path, monkeypatch):
+    """In process, with asynchronous saves (tests/test_checkpointing.py cuts the command line's runs, compiled
+    as real runs compile): the input stream, the parameters, the BN statistics, the optimizer's momentum and
+    the clocks all continue where the preempted run stopped."""
     config = _folder_config(folders, schedule__name="constant", schedule__warmup_steps=0,
                             training__num_train_steps=7, checkpoint__enabled=True, checkpoint__every_steps=2,
-                            checkpoint__async_save=False)  # 7 steps of 8 images: past two epochs of 24.
-    reference = trainer.train_and_evaluate(config, str(tmp_path / "reference"))
-    monkeypatch.setattr(checkpointing.PreemptionWatcher, "reached", lambda self, step: step == 4)
+                            checkpoint__async_save=True)  # 7 steps of 8 images: past two epochs of 24.
+    reference = jax.device_get(trainer.train_and_evaluate(config, str(tmp_path / "reference")).state)
+    monkeypatch.setattr(checkpointing.PreemptionWatcher, "reached", lambda self, step: step == 3)
     first = trainer.train_and_evaluate(config, str(tmp_path / "run"))
-    assert first.preempted and int(first.state.step) == 4
+    assert first.preempted and int(first.state.step) == 3  # Mid-epoch, between two saves.
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert sorted(os.listdir(checkpoints))[:2] == ["2", "3"]
+    first_meta = json.loads((checkpoints / "3" / "meta" / "metadata").read_text())
     monkeypatch.undo()
     resumed = trainer.train_and_evaluate(config, str(tmp_path / "run"))
-    assert resumed.start_step == 4 and int(resumed.state.step) == 7
-    for x, y in zip(jax.tree.leaves(jax.device_get(resumed.state.params)),
-                    jax.tree.leaves(jax.device_get(reference.state.params)), strict=True):
-        np.testing.assert_array_equal(x, y)
+    assert resumed.start_step == 3 and not resumed.preempted and int(resumed.state.step) == 7
+    resumed_state = jax.device_get(resumed.state)
+    for part in ("params", "batch_stats", "opt_state"):
+        resumed_leaves, reference_leaves = (jax.tree.leaves(getattr(s, part)) for s in (resumed_state,
+                                                                                        reference))
+        for x, y in zip(resumed_leaves, reference_leaves, strict=True):
+            np.testing.assert_array_equal(x, y, err_msg=part)
+    assert jax.tree.leaves(reference.batch_stats) and jax.tree.leaves(reference.opt_state)
+    # The clocks survive the restart: the resumed run's checkpoint counts both runs' training time.
+    meta = json.loads((checkpoints / "7" / "meta" / "metadata").read_text())
+    assert meta["clock"]["train_sec"] > first_meta["clock"]["train_sec"] > 0
 
 
 def test_ending_a_stream_never_waits_for_the_deletion_of_its_tf_data_iterator(folders, monkeypatch):
