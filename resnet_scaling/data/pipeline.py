@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 
 # Past this, an epoch is far beyond any run; the training stream is endless in practice.
 _MAX_EPOCHS = 1 << 40
+# Preprocessing branches with tf ops (tf.cond, tf.switch_case) and on Python settings only, so the functions
+# tf.data traces need no AutoGraph conversion; converting them cost ~1 s of every launch's start-up.
+_graph_function = tf.autograph.experimental.do_not_convert
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,6 +190,7 @@ class TFDataSource:
             skip = tf.where(epoch == first_epoch, tf.constant(offset, tf.int64), tf.constant(0, tf.int64))
             return train.epoch(epoch).skip(skip)
 
+        @_graph_function
         def preprocess(index, record):
             image_bytes, label = record
             seed = tf.random.experimental.stateless_fold_in(augment_seed, index)
@@ -204,6 +208,7 @@ class TFDataSource:
         """This process's evaluation batches as tf.data, unpadded (the last one may be short)."""
         config = self._preprocess
 
+        @_graph_function
         def preprocess(index, record):
             image_bytes, label = record
             image = preprocessing.preprocess_for_eval(image_bytes, config)
@@ -313,7 +318,8 @@ def _check_decodable(name: str, share: RecordShare, config: preprocessing.Prepro
     if not indices.size:
         return
     decoded = share.records_at(indices).map(
-        lambda index, image_bytes, _: (index, preprocessing.preprocess_for_eval(image_bytes, config)),
+        _graph_function(lambda index, image_bytes, _: (index, preprocessing.preprocess_for_eval(image_bytes,
+                                                                                                 config))),
         num_parallel_calls=tf.data.AUTOTUNE)
     good = {int(index) for index, _ in decoded.ignore_errors().as_numpy_iterator()}
     bad = sorted((int(i) for i in indices if int(i) not in good), key=share.name)
