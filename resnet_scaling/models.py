@@ -55,9 +55,11 @@ def max_pool_3x3_s2_xla(x: jax.Array) -> jax.Array:
 
 def make_conv(features: int, kernel_size: tuple[int, int], strides: tuple[int, int] = (1, 1), *,
               padding: Any = "SAME", dtype: Any = jnp.float32, name: str | None = None,
-              lowering: str = "cpu") -> nn.Module:
-    """A bias-free He-initialised convolution; with the "cpu" lowering, 1x1 kernels without padding
-    become `PointwiseConv`, and strided kernels with explicit padding `PatchGradConv` (the same `kernel`)."""
+              lowering: str = "auto") -> nn.Module:
+    """A bias-free He-initialised convolution; with the "cpu" lowering ("auto" on a CPU backend), 1x1 kernels
+    without padding become `PointwiseConv`, and strided kernels with explicit padding `PatchGradConv` (the
+    same `kernel`)."""
+    lowering = resolve_lowering(lowering)
     pointwise = tuple(kernel_size) == (1, 1) and padding in ("SAME", "VALID") and strides[0] == strides[1]
     if lowering == "cpu" and pointwise:
         return PointwiseConv(features, strides[0], dtype=dtype, name=name)
@@ -137,7 +139,8 @@ class ResNet(nn.Module):
       zero_init_last_bn_scale: start each residual branch at zero (Goyal et al.).
       bn_group_size: images per batch-norm group in training (`GroupedBatchNorm`); None normalises over
         the whole batch given (under `jit`, the global batch) with `nn.BatchNorm`.
-      lowering: "cpu" or "xla" (see `LOWERINGS`): how 1x1 convolutions and max pooling are written.
+      lowering: "auto", "cpu" or "xla" (see `LOWERINGS`): how 1x1 convolutions and max pooling are
+        written; "auto" follows JAX's default backend when the model is traced.
     """
 
     stage_sizes: Sequence[int]
@@ -149,12 +152,13 @@ class ResNet(nn.Module):
     bn_epsilon: float = 1e-5
     zero_init_last_bn_scale: bool = True
     bn_group_size: int | None = None
-    lowering: str = "cpu"
+    lowering: str = "auto"
 
     @nn.compact
     def __call__(self, x, train: bool = True):
         """Returns float32 logits of shape [batch, num_classes]."""
-        conv = functools.partial(make_conv, dtype=self.dtype, lowering=self.lowering)
+        lowering = resolve_lowering(self.lowering)
+        conv = functools.partial(make_conv, dtype=self.dtype, lowering=lowering)
         grouped = self.bn_group_size is not None
         norm = functools.partial(
             functools.partial(GroupedBatchNorm, group_size=self.bn_group_size) if grouped else nn.BatchNorm,
@@ -167,7 +171,7 @@ class ResNet(nn.Module):
         x = x.astype(self.dtype)
         x = conv(self.num_filters, (7, 7), (2, 2), padding=((3, 3), (3, 3)), name="stem_conv")(x)
         x = nn.relu(norm(name="stem_bn")(x))
-        x = max_pool_3x3_s2(x) if self.lowering == "cpu" else max_pool_3x3_s2_xla(x)
+        x = max_pool_3x3_s2(x) if lowering == "cpu" else max_pool_3x3_s2_xla(x)
         for stage, num_blocks in enumerate(self.stage_sizes):
             for block in range(num_blocks):
                 strides = 2 if stage > 0 and block == 0 else 1

@@ -238,3 +238,19 @@ def test_auto_lowering_follows_the_platform():
     assert models.create_model("resnet_tiny", 10).lowering == "cpu"  # The tests run on CPU devices.
     with pytest.raises(ValueError, match="lowering"):
         models.resolve_lowering("fast", "cpu")
+
+
+@pytest.mark.parametrize("backend, pointwise_dots", [("cpu", 36), ("gpu", 0), ("tpu", 0)])
+def test_a_resnet_built_directly_uses_the_forms_of_the_backend_it_runs_on(monkeypatch, backend,
+                                                                          pointwise_dots):
+    """Research code that builds `ResNet(...)` itself, not through create_model, gets the platform's forms:
+    on an accelerator, XLA's own convolutions and pooling (the CPU forms there would be slower)."""
+    stage_sizes, block_cls = models.ARCHITECTURES["resnet50"]
+    model = models.ResNet(stage_sizes=stage_sizes, block_cls=block_cls, num_classes=10, num_filters=8)
+    images = jnp.zeros((2, 32, 32, 3))
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    jaxpr = str(jax.make_jaxpr(lambda v: model.apply(v, images, train=False))(
+        jax.eval_shape(lambda: model.init(jax.random.key(0), images, train=False))))
+    assert jaxpr.count("name=pointwise_dot") == pointwise_dots
+    # XLA's max pooling is one reduce_window; the CPU form is strided maxima.
+    assert ("reduce_window_max" in jaxpr) == (backend != "cpu")
