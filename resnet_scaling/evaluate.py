@@ -40,17 +40,12 @@ def main(argv: list[str]) -> None:
     """The command: evaluates, prints the figures and writes the JSON; errors end as one `error:` line."""
     from absl import app, flags
 
-    from resnet_scaling import console, distributed, host_memory, xla_flags
+    from resnet_scaling import console, process_setup
 
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
     console.configure_command_line_logging()  # Our lines; other libraries' (orbax's) only as warnings.
-    if xla_flags.no_accelerator_found():  # Before any backend starts: no TPU probing on a CPU machine.
-        jax.config.update("jax_platforms", "cpu")
     options = flags.FLAGS
-    if options.keep_freed_memory and xla_flags.detect_backend() == "cpu":
-        jax.config.update("jax_cpu_enable_async_dispatch", False)  # Also before any backend starts.
-        host_memory.keep_freed_memory()
     overrides = {}
     for item in options.override:
         field, sep, value = item.partition("=")
@@ -58,12 +53,7 @@ def main(argv: list[str]) -> None:
             raise app.UsageError(f"--override takes FIELD=VALUE (e.g. data.data_dir=/mnt/tfds), got "
                                  f"{item!r}.")
         overrides[field.strip()] = value
-    try:
-        distributed.maybe_initialize()  # A multi-process job (pod slice, SLURM) joins up first, as train.py.
-    except ValueError as e:  # incomplete or inconsistent settings
-        raise app.UsageError(str(e)) from None
-    except RuntimeError as e:  # the job did not form
-        raise SystemExit(f"error: {e}") from None
+    process_setup.start_process(keep_freed_memory=options.keep_freed_memory)  # As train.py does.
     try:
         result = evaluate_workdir(options.workdir, options.weights, options.split, overrides=overrides)
     except (FileNotFoundError, config_lib.ConfigError, data_lib.DataError) as e:

