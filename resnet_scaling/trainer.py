@@ -6,11 +6,12 @@ The only module that decides who writes: process 0 logs and writes metric files;
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -100,26 +101,25 @@ def train_and_evaluate(
     if config.checkpoint.enabled and (saved := checkpointing.latest_saved_meta(workdir)) is not None:
         checkpointing.check_compatible(saved["config"], config,
                                        str(workdir_lib.as_path(workdir) / "checkpoints"))
-    lock = _lock_workdir(workdir)
-    try:
-        return _train(config, workdir, arrays, devices, launch_start_wall)
-    except Exception as e:
-        # Any write (metrics, goodput, TensorBoard, a checkpoint) may be the first to meet a full disk; the
-        # OSError may come wrapped (orbax raises ValueErrors from TensorStore's).
-        if isinstance(e, RunError) or not workdir_lib.is_storage_full(e):
-            raise
-        last = max(checkpointing.complete_steps(workdir), default=None)
-        raise workdir_lib.WorkdirError(
-            f"Writing to the workdir {workdir} failed: {workdir_lib.describe_os_error(e)}. "
-            f"{checkpointing.where_to_resume(last, str(workdir_lib.as_path(workdir) / 'checkpoints'))}"
-        ) from e
-    finally:
-        if lock is not None:
-            lock.release()
+    with _locked_workdir(workdir):
+        try:
+            return _train(config, workdir, arrays, devices, launch_start_wall)
+        except Exception as e:
+            # Any write (metrics, goodput, TensorBoard, a checkpoint) may be the first to meet a full disk;
+            # the OSError may come wrapped (orbax raises ValueErrors from TensorStore's).
+            if isinstance(e, RunError) or not workdir_lib.is_storage_full(e):
+                raise
+            last = max(checkpointing.complete_steps(workdir), default=None)
+            raise workdir_lib.WorkdirError(
+                f"Writing to the workdir {workdir} failed: {workdir_lib.describe_os_error(e)}. "
+                f"{checkpointing.where_to_resume(last, str(workdir_lib.as_path(workdir) / 'checkpoints'))}"
+            ) from e
 
 
-def _lock_workdir(workdir: str) -> workdir_lib.WorkdirLock | None:
-    """Process 0 locks the workdir; every process learns whether it could, so that all stop together."""
+@contextlib.contextmanager
+def _locked_workdir(workdir: str) -> Iterator[None]:
+    """Process 0 holds the workdir's lock for the block; every process learns whether it could take it, so
+    that all stop together."""
     lock, error = None, None
     if jax.process_index() == 0:
         try:
@@ -133,7 +133,11 @@ def _lock_workdir(workdir: str) -> workdir_lib.WorkdirLock | None:
             error = workdir_lib.WorkdirError(f"Process 0 could not lock the workdir {workdir}: see its log.")
     if error is not None:
         raise error
-    return lock
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _train(config: ml_collections.ConfigDict, workdir: str,
