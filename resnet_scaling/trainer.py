@@ -219,11 +219,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
             profiler.after_step(step, state)
             mlperf.after_step(step)
             buffer.append(step, step_metrics)
-            clock.timer.count()
-            if step == plan.timing_warmup_steps:
-                # The timed region starts when the warm-up's last step is done: one sync, once per run.
-                jax.block_until_ready(step_metrics)
-                clock.steady.end_warmup(clock.timer.read_total_sec())
+            clock.step_dispatched(step, step_metrics)
             last = step == plan.total_steps
             eval_due = schedule.due(step)
             # MLPerf mode may stop at any evaluation: its steps are log points too.
@@ -234,8 +230,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                 # For the peer watchdog's message if another process is lost (multi-process runs only).
                 distributed.report_progress(step, checkpointer.committed_step() if checkpointer else None)
                 record = {"step": step, "epoch": plan.epochs_at(step), **buffer.mean(),
-                          **clock.timer.read_and_reset()}
-                clock.steady.add_interval(interval_first_step, step, record.get("sec_per_step"))
+                          **clock.end_interval(interval_first_step, step)}
                 interval_first_step = step + 1
                 result.train_history.append(record)
                 goodput.record(step, clock.launch_sec())
@@ -243,31 +238,29 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                     _log_train(plan, record)
                     writers.write(step, record)
             if eval_due:
-                clock.pause(wait_for=state)  # Evaluation stays off the training clock.
-                mlperf.eval_start(step)
-                eval_metrics = _evaluate_and_track(run, state, step, clock, log)
-                if mlperf.eval_stop(step, eval_metrics["eval_top1"]) and mlperf_mode:
-                    stopped, clock.mlperf_stop_step = True, step
-                    log("Reached MLPerf's target top-1 %.4f at epoch %.3f by images seen: the run stops "
-                        "(MLPerf mode).", config.mlperf.target_top1, mlperf.epoch_num(step))
-                result.eval_history.append(eval_metrics)
-                if is_writer:
-                    writers.write(step, eval_metrics)
-                if checkpointer is not None:
-                    checkpointer.save_best(step, state, eval_metrics)
-                goodput.record(step, clock.launch_sec())
-                clock.resume()
+                with clock.paused(wait_for=state):  # Evaluation stays off the training clock.
+                    mlperf.eval_start(step)
+                    eval_metrics = _evaluate_and_track(run, state, step, clock, log)
+                    if mlperf.eval_stop(step, eval_metrics["eval_top1"]) and mlperf_mode:
+                        stopped, clock.mlperf_stop_step = True, step
+                        log("Reached MLPerf's target top-1 %.4f at epoch %.3f by images seen: the run stops "
+                            "(MLPerf mode).", config.mlperf.target_top1, mlperf.epoch_num(step))
+                    result.eval_history.append(eval_metrics)
+                    if is_writer:
+                        writers.write(step, eval_metrics)
+                    if checkpointer is not None:
+                        checkpointer.save_best(step, state, eval_metrics)
+                    goodput.record(step, clock.launch_sec())
             result.preempted = watcher.reached(step)
             save_due = _due(step, plan.checkpoint_every_steps, last) or result.preempted or stopped
             if checkpointer is not None and save_due:
-                clock.pause(wait_for=state)  # Checkpointing stays off the training clock too.
-                # A checkpoint must never hold a diverged state: the losses since the last fetch, then the
-                # state itself (finite, not exploding).
-                guard.check_losses(buffer.fetch())
-                guard.check_state(step, state)
-                _save(checkpointer, step, state, clock)
-                goodput.record(step, clock.launch_sec(), checkpoint=True)
-                clock.resume()
+                with clock.paused(wait_for=state):  # Checkpointing stays off the training clock too.
+                    # A checkpoint must never hold a diverged state: the losses since the last fetch, then the
+                    # state itself (finite, not exploding).
+                    guard.check_losses(buffer.fetch())
+                    guard.check_state(step, state)
+                    _save(checkpointer, step, state, clock)
+                    goodput.record(step, clock.launch_sec(), checkpoint=True)
             if result.preempted:
                 log("Preempted (%s) at step %d: %s. Run the same command to resume.", watcher.signal_name,
                     step,
@@ -475,7 +468,7 @@ def _summary(run: training_setup.TrainingSetup, clock: metrics_lib.RunClock,
     plan, mesh = run.plan, run.mesh
     device = mesh.devices.flat[0]
     final_step = int(result.state.step)
-    throughput = clock.steady.summary(final_step, clock.timer.total_sec)
+    throughput = clock.throughput_summary(final_step)
     images_per_sec = throughput["images_per_sec"]
     throughput["images_per_sec_per_device"] = images_per_sec / mesh.size if images_per_sec else None
     # MFU from the steady-state mean step time (all timed seconds / timed steps), not a percentile.

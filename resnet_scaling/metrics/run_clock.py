@@ -13,8 +13,9 @@ survive restarts.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
@@ -75,6 +76,33 @@ class RunClock:
                 "input_wait": self._launch_input_wait_sec,
                 "evaluation": self.eval_sec - self._saved["eval_sec"],
                 "checkpointing": self.checkpoint_sec - self._saved["checkpoint_sec"]}
+
+    def step_dispatched(self, step: int, outputs: Any) -> None:
+        """Counts step `step`, dispatched to the device. After the timing warm-up's last step it waits once
+        for the device (`outputs`, the step's results), where the timed region starts."""
+        self.timer.count()
+        if step == self.steady.warmup_steps:
+            jax.block_until_ready(outputs)
+            self.steady.end_warmup(self.timer.read_total_sec())
+
+    def end_interval(self, first_step: int, step: int) -> dict[str, float]:
+        """Closes the log interval of steps `first_step` to `step`: its timing record (`sec_per_step`,
+        `images_per_sec`), which the steady state also counts."""
+        record = self.timer.read_and_reset()
+        self.steady.add_interval(first_step, step, record.get("sec_per_step"))
+        return record
+
+    @contextlib.contextmanager
+    def paused(self, wait_for: Any = None) -> Iterator[None]:
+        """The block (an evaluation, a checkpoint) off the training clock: `pause(wait_for)`, then `resume`.
+        An exception leaves the clock paused: the loop is over."""
+        self.pause(wait_for)
+        yield
+        self.resume()
+
+    def throughput_summary(self, final_step: int) -> dict[str, Any]:
+        """The summary's `throughput` section (the steady state's figures)."""
+        return self.steady.summary(final_step, self.timer.total_sec)
 
     def pause(self, wait_for: Any = None) -> None:
         """Stops the training clock once the device has finished the work `wait_for` depends on (the
