@@ -380,7 +380,7 @@ def stage_command(name: str, args: argparse.Namespace, scratch: Path, budget_sec
     sizes = ["--images=64", "--batch_size=16", "--num_jpegs=8"] if args.smoke else []
     return [sys.executable, str(HERE / "input_pipeline.py"), f"--threads={usable_cores()}",
             "--repeats=1" if args.smoke else "--repeats=3", "--variants=library", *sizes,
-            f"--output={out}"], out
+            f"--json_out={out}"], out
 
 
 def parse_stage_output(name: str, path: Path) -> dict[str, Any]:

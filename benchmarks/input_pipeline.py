@@ -256,7 +256,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="another copy of preprocessing.py, timed as the `previous` variant")
     parser.add_argument("--count_instructions", default=None, metavar="VARIANT",
                         help="count one variant's instructions per image under callgrind instead of timing")
-    parser.add_argument("--output", default="benchmarks/results/input_pipeline.json")
+    parser.add_argument("--json_out", default="benchmarks/results/input_pipeline.json")
     args = parser.parse_args(argv)
     names = [n for n in args.variants.split(",") if n]
     if args.count_instructions and args.count_instructions not in (*VARIANTS, "previous"):
@@ -323,11 +323,11 @@ def main(argv=None) -> dict:
         print(f"{name:<20}{median[name]:>12.1f}{per_core[name]:>12.1f}{vs_flax[name]:>16.2f}x")
     print(f"cores to feed one TPU v2 chip at {TPU_V2_CHIP_IMAGES_PER_SEC} images/sec: {cores_per_chip:.1f} "
           f"({cores_per_chip * CHIPS_PER_TPU_V2_HOST:.0f} per 4-chip host)")
-    if args.output:
-        os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
-        with open(args.output, "w") as f:
+    if args.json_out:
+        os.makedirs(os.path.dirname(args.json_out) or ".", exist_ok=True)
+        with open(args.json_out, "w") as f:
             json.dump(result, f, indent=2)
-        print(f"wrote {args.output}")
+        print(f"wrote {args.json_out}")
     return result
 
 

@@ -434,7 +434,7 @@ def test_the_input_benchmark_times_every_variant_the_flax_example_included(tmp_p
     # A tiny run of the real command, every variant and a `previous` copy of the library's preprocessing.
     previous = pathlib.Path(benchmark.preprocessing.__file__)
     result = benchmark.main(["--num_jpegs=2", "--width=160", "--height=120", "--images=4", "--batch_size=2",
-                             "--repeats=2", f"--previous_file={previous}", f"--output={tmp_path}/ip.json"])
+                             "--repeats=2", f"--previous_file={previous}", f"--json_out={tmp_path}/ip.json"])
     assert set(result["images_per_sec"]) == set(benchmark.VARIANTS) | {"previous"}
     runs = {name: np.asarray(r) for name, r in result["runs"].items()}
     assert all(len(r) == 2 and min(r) > 0 for r in runs.values())
