@@ -45,8 +45,8 @@ OVERRIDES = {"checkpoint__enabled": True, "checkpoint__every_steps": EVERY_STEPS
              "checkpoint__async_save": True, "eval__every_steps": EVERY_STEPS,
              "training__num_train_steps": NUM_STEPS, "training__log_every_steps": 1}
 FLAGS = {"num_eval": NUM_EVAL, "best_every_eval": ""}  # best/ is saved at every evaluation.
-# 10 s proved too short once: on 2 cores shared with another test's launch, a live process 1 named a live
-# but starved process 0 lost while both restored a checkpoint.
+# 10 s proved too short once: on 2 cores loaded beyond the suite's two workers, process 1 named a live but
+# CPU-starved process 0 lost while both restored a checkpoint.
 PEER_TIMEOUT_SEC = 20
 # Process 1 is held (and signalled) after these steps. JAX's preemption sync stops every process at the
 # step after the highest one any process has passed when the notice reaches them: after step 5 (process 0
