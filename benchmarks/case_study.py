@@ -50,7 +50,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # XLA's cost analysis of this library's ResNet-50 step for the pod (`python -m resnet_scaling.compile`):
 # FLOPs per step over the global batch = FLOPs per training image (24.1 G; ~24.5 G published).
 FLOPS_REPORT = RESULTS / "compile-pod-v2-512-resnet50-bf16-b32768.json"
-TPU_V2_PEAK_FLOPS_PER_CHIP = 45e12  # bf16, 2 cores x 22.5 (Cloud TPU docs; resnet_scaling.hardware).
+TPU_V2_PEAK_FLOPS_PER_CHIP = 45e12  # bf16, 2 cores x 22.5 (Cloud TPU docs; resnet_scaling.analysis.hardware).
 # The share of that peak one chip is assumed to sustain on ResNet-50: a round assumption, not a
 # measurement. The published pod time implies ~52% (the report prints it next to this), so agreement at
 # 256 chips says the assumption is plausible, not that the model is right; a measured one-chip rate

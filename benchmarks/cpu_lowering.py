@@ -27,9 +27,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from resnet_scaling import cpu_lowering, hardware, host_memory, workdir
+from resnet_scaling import cpu_lowering
 
 # name, input size, input channels, output channels, kernel, stride, padding, weights only
+from resnet_scaling.analysis import hardware
+from resnet_scaling.host import memory as host_memory
+from resnet_scaling.resilience import workdir
+
 LAYERS = (
     ("stem_conv 7x7/2", 224, 3, 64, 7, 2, 3, True),
     ("stage2_block1/conv2 3x3/2", 56, 128, 128, 3, 2, 1, False),

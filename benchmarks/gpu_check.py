@@ -187,7 +187,7 @@ def stage_environment(args: argparse.Namespace, stage: StageFile) -> None:
     import jax.numpy as jnp
     import jaxlib
 
-    from resnet_scaling import hardware
+    from resnet_scaling.analysis import hardware
 
     device = jax.devices()[0]
     try:
@@ -431,7 +431,7 @@ class Check:
         """
         record: dict[str, Any] = {"xla_flags_before": self.env.get("XLA_FLAGS")}
         try:
-            from resnet_scaling import xla_flags
+            from resnet_scaling.host import xla_flags
 
             backend = xla_flags.detect_backend(self.env)
             if backend == "cpu" and gpu_listed and not self.env.get("JAX_PLATFORMS"):

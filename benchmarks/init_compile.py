@@ -25,9 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from resnet_scaling import hardware, models, optim, steps, workdir
 from resnet_scaling import mesh as mesh_lib
+from resnet_scaling import models, optim, steps
+from resnet_scaling.analysis import hardware
 from resnet_scaling.config import get_base_config
+from resnet_scaling.resilience import workdir
 
 # name: (model, classes, width, image size)
 MODELS = {

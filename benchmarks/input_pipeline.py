@@ -56,7 +56,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from resnet_scaling import hardware  # noqa: E402
+from resnet_scaling.analysis import hardware  # noqa: E402
 from resnet_scaling.config import IMAGENET_MEAN_RGB, IMAGENET_STDDEV_RGB  # noqa: E402
 from resnet_scaling.data import preprocessing  # noqa: E402
 

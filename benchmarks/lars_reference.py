@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from resnet_scaling import hardware, optim, recipes
+from resnet_scaling import optim, recipes
+from resnet_scaling.analysis import hardware
 from resnet_scaling.config import IMAGENET_NUM_TRAIN_EXAMPLES, get_base_config
 from resnet_scaling.plan import derive
 

@@ -38,8 +38,9 @@ import optax  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import flax_example_baseline  # noqa: E402
 
-from resnet_scaling import aot, mesh, metrics  # noqa: E402
 from resnet_scaling import config as config_lib  # noqa: E402
+from resnet_scaling import mesh, metrics  # noqa: E402
+from resnet_scaling.analysis import aot
 
 
 def load_config(name: str) -> Any:

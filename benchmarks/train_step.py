@@ -30,8 +30,11 @@ import jax
 import jaxlib
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import hardware, host_memory, models, optim, xla_flags
+from resnet_scaling import models, optim
+from resnet_scaling.analysis import hardware
 from resnet_scaling.data import SyntheticSource
+from resnet_scaling.host import memory as host_memory
+from resnet_scaling.host import xla_flags
 from resnet_scaling.metrics import flops_per_device, memory_per_device, utilisation
 from resnet_scaling.training_setup import setup
 
@@ -67,7 +70,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--json_out", default=None, help="Default: benchmarks/results/train_step-....json")
     p.add_argument("--keep_freed_memory", action=argparse.BooleanOptionalAction, default=True,
                    help="CPU: steps on the main thread, glibc keeps what a step frees for the next, as "
-                        "`python -m resnet_scaling.train` does (resnet_scaling/host_memory.py).")
+                        "`python -m resnet_scaling.train` does (resnet_scaling/host/memory.py).")
     p.add_argument("--baseline", action="store_true",
                    help="Also time the flax ImageNet example's step (flax_example_baseline.py), "
                         "interleaved with ours in every repeat (resnet50 only).")

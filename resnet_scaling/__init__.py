@@ -10,11 +10,11 @@ or builds the pieces and writes its own loop: `setup(config)` returns the mesh, 
 data source, the model, the optimizer, the state and the jitted steps (`TrainingSetup`).
 """
 
-from resnet_scaling import xla_flags as _xla_flags
 from resnet_scaling.checkpointing import load_exported
 from resnet_scaling.config import ConfigError, get_base_config, validate
 from resnet_scaling.data import ArraySource, DataSource, SyntheticSource, create_data_source, make_shapes
 from resnet_scaling.evaluation import evaluate_workdir
+from resnet_scaling.host import xla_flags as _xla_flags
 from resnet_scaling.mesh import batch_sharding, create_mesh, host_local_to_global, replicated_sharding
 from resnet_scaling.models import ResNet, create_model, model_from_config
 from resnet_scaling.optim import create_dynamic_scale, create_learning_rate_schedule, create_optimizer, lars

@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
-import threading
 import time
 from typing import Any
 
@@ -26,9 +24,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from resnet_scaling import state_checks
-from resnet_scaling import workdir as workdir_lib
 from resnet_scaling.errors import RunError
+from resnet_scaling.resilience import state_checks
+from resnet_scaling.resilience import workdir as workdir_lib
 
 logger = logging.getLogger(__name__)
 
@@ -151,48 +149,6 @@ def check_compatible(saved: dict[str, Any], config: ml_collections.ConfigDict, d
         raise IncompatibleCheckpointError(
             f"The checkpoint in {directory} was written by an incompatible run ({'; '.join(differences)}). "
             "Use another --workdir, or set these fields back to resume it.")
-
-
-class PreemptionWatcher:
-    """Tells every process to stop at the same step after a SIGTERM (what TPU and spot VMs send) or a
-    Ctrl-C (SIGINT), so that the run saves a checkpoint and ends cleanly; a second Ctrl-C stops at once.
-
-    With several processes, jax's preemption sync point (set up by `jax.distributed.initialize`) picks
-    a step that all processes reach; it listens for SIGTERM, so a Ctrl-C is passed on to it as one. A
-    single process installs its own handlers.
-    """
-
-    def __init__(self) -> None:
-        self._signalled = threading.Event()
-        self.signal_name = "SIGTERM"
-        self._previous_handlers: dict[int, Any] = {}
-        if threading.current_thread() is not threading.main_thread():
-            return  # Python delivers signals to the main thread only.
-        if jax.process_count() == 1:
-            self._previous_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
-        self._previous_handlers[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if signum == signal.SIGINT:
-            if self._signalled.is_set():  # The second Ctrl-C: stop now, without a checkpoint.
-                signal.signal(signal.SIGINT, signal.default_int_handler)
-                raise KeyboardInterrupt
-            logger.warning("Ctrl-C: saving a checkpoint and stopping (press it again to stop at once).")
-        self.signal_name = signal.Signals(signum).name
-        self._signalled.set()
-        if jax.process_count() > 1:  # Let jax's preemption notifier pick the common step.
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    def reached(self, step: int) -> bool:
-        """True at the step where every process should save and stop."""
-        if jax.process_count() > 1:
-            return ocp.utils.reached_preemption(step)
-        return self._signalled.is_set()
-
-    def close(self) -> None:
-        for signum, handler in self._previous_handlers.items():
-            signal.signal(signum, handler)
-        self._previous_handlers = {}
 
 
 def _barriers(name: str) -> ocp.options.MultiprocessingOptions:

@@ -4,7 +4,7 @@
 
 Needs libtpu (`pip install -e '.[tpu]'`), not a TPU: the topology's devices come from libtpu's
 description of them. Prints per-device memory against the chip's HBM, FLOPs per step and the collectives
-of the compiled step (see `resnet_scaling.aot`).
+of the compiled step (see `resnet_scaling.analysis.aot`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from resnet_scaling import aot, console
 from resnet_scaling import config as config_lib
+from resnet_scaling import console
+from resnet_scaling.analysis import aot
 
 logger = logging.getLogger("resnet_scaling.compile")  # Not __name__: "__main__" under `python -m`.
 

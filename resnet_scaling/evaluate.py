@@ -40,7 +40,8 @@ def main(argv: list[str]) -> None:
     """The command: evaluates, prints the figures and writes the JSON; errors end as one `error:` line."""
     from absl import app, flags
 
-    from resnet_scaling import console, process_setup
+    from resnet_scaling import console
+    from resnet_scaling.host import process_setup
 
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")

@@ -19,14 +19,15 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from resnet_scaling import checkpointing, console, distributed, profiling, state_checks, steps, training_setup
+from resnet_scaling import checkpointing, console, steps, training_setup
 from resnet_scaling import data as data_lib
 from resnet_scaling import metrics as metrics_lib
 from resnet_scaling import plan as plan_lib
-from resnet_scaling import workdir as workdir_lib
 from resnet_scaling.errors import RunError
-from resnet_scaling.metrics import mlperf_log
+from resnet_scaling.metrics import mlperf_log, profiling
 from resnet_scaling.metrics.summary import SUMMARY_FILENAME
+from resnet_scaling.resilience import distributed, divergence, preemption
+from resnet_scaling.resilience import workdir as workdir_lib
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
     writers = (metrics_lib.MetricWriters(workdir, tensorboard=config.training.tensorboard,
                                          config_text=str(config), resume_step=start_step)
                if is_writer else None)
-    watcher = checkpointing.PreemptionWatcher()
+    watcher = preemption.PreemptionWatcher()
     profiler = profiling.StepWindowProfiler(config.training.profile_steps,
                                             str(workdir_lib.as_path(workdir) / "tensorboard"),
                                             enabled=is_writer)
@@ -199,7 +200,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
     result = TrainResult(state=state, plan=plan, train_history=[], eval_history=[], compile_sec=compile_sec,
                          start_step=start_step)
     interval_first_step = start_step + 1  # First step of the current log interval.
-    guard = DivergenceGuard(state, start_step, config.training.max_param_norm_growth, checkpointer)
+    guard = divergence.DivergenceGuard(state, start_step, config.training.max_param_norm_growth, checkpointer)
     in_flight = steps_in_flight_bound(MAX_STEPS_AHEAD)
     mlperf.run_start()
     clock.start(compile_sec)
@@ -492,67 +493,6 @@ def _summary(run: training_setup.TrainingSetup, clock: metrics_lib.RunClock,
 def _due(step: int, every_steps: int, last: bool) -> bool:
     """Whether a periodic action (log, evaluate, save) runs after `step`: every N steps and at the end."""
     return last or (every_steps > 0 and step % every_steps == 0)
-
-
-class DivergenceError(RunError, FloatingPointError):
-    """Training diverged (a non-finite loss, a non-finite or exploding state); the message names the step
-    and the newest checkpoint that holds a sound state."""
-
-
-class DivergenceGuard:
-    """Keeps diverged states out of checkpoints and says truthfully which checkpoint is sound.
-
-    A checkpoint of step k holds the state after update k, which only the loss of step k+1 evaluates. So:
-    before a save, the state itself must be finite and its parameter norm within `max_norm_growth` of the
-    run's start; and when the first non-finite loss shows up at step j, the checkpoints of steps j-1 and
-    later (saved from the state that produced it, or after) are moved to WORKDIR/diverged_checkpoints/.
-    """
-
-    def __init__(self, state: steps.TrainState, start_step: int, max_norm_growth: float,
-                 checkpointer: checkpointing.Checkpointer | None) -> None:
-        self._start_step = start_step
-        self._max_norm_growth = max_norm_growth
-        self._start_norm = state_checks.health(state)[1] if max_norm_growth else 0.0
-        self._checkpointer = checkpointer
-
-    def check_losses(self, records: list[dict[str, float]]) -> None:
-        """Raises `DivergenceError` at the first non-finite loss in `records` (after discarding the
-        checkpoints it disproves)."""
-        bad_step = metrics_lib.first_non_finite_step(records)
-        if bad_step is None:
-            return
-        loss = next(r["loss"] for r in records if r["step"] == bad_step)
-        if self._start_step > 0 and bad_step == self._start_step + 1:
-            cause = (f"the state restored from the checkpoint of step {self._start_step} gives a loss of "
-                     f"{loss} at the first step: that checkpoint holds a diverged state")
-        else:
-            cause = f"the training loss is {loss} at step {bad_step}"
-        raise DivergenceError(f"Training diverged: {cause}. {self._keep_sound(bad_step - 1)} Lower the "
-                              "learning rate, lengthen the warm-up or use float32/bfloat16 compute.")
-
-    def check_state(self, step: int, state: steps.TrainState) -> None:
-        """Raises `DivergenceError` instead of saving a non-finite or exploding state."""
-        finite, norm = state_checks.health(state)
-        if not finite:
-            problem = "holds NaN or infinite values"
-        elif self._max_norm_growth and norm > self._max_norm_growth * self._start_norm:
-            problem = (f"has a parameter norm {norm / self._start_norm:.3g}x that of step {self._start_step} "
-                       f"(above training.max_param_norm_growth={self._max_norm_growth:g})")
-        else:
-            return
-        raise DivergenceError(f"Training diverged: the state after step {step} {problem}; it was not "
-                              f"saved. {self._keep_sound(step)} Lower the learning rate or lengthen the "
-                              "warm-up.")
-
-    def _keep_sound(self, first_unsound_step: int) -> str:
-        """Discards the checkpoints from `first_unsound_step` on; names the one a rerun resumes from."""
-        if self._checkpointer is None:
-            return "Checkpoints are off."
-        kept = self._checkpointer.discard_from(first_unsound_step, "saved from a diverged state")
-        if kept is None:
-            return "No sound checkpoint is left: a rerun starts from step 0."
-        return (f"The newest sound checkpoint is step {kept} in {self._checkpointer.directory} (its next "
-                "step's loss was finite); a rerun resumes from it.")
 
 
 def steps_in_flight_bound(max_steps_ahead: int) -> Callable[[Any], None]:

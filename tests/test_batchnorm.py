@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import hlo, models
 from resnet_scaling import mesh as mesh_lib
+from resnet_scaling import models
 from resnet_scaling import plan as plan_lib
+from resnet_scaling.analysis import hlo
 from resnet_scaling.batchnorm import GroupedBatchNorm
 from resnet_scaling.trainer import train_and_evaluate
 from tests.helpers import random_arrays, tiny_config

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from resnet_scaling import hardware, metrics
+from resnet_scaling import metrics
+from resnet_scaling.analysis import hardware
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("case_study", REPO / "benchmarks" / "case_study.py")

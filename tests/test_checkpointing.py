@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from resnet_scaling import checkpointing, mesh, models, trainer
+from resnet_scaling.resilience import divergence
 from tests.helpers import random_arrays, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -132,7 +133,7 @@ def test_a_diverging_run_stops_naming_the_step_and_keeps_the_last_good_checkpoin
     overrides = {"schedule__name": "piecewise", "schedule__boundary_epochs": (4 / 6,),
                  "schedule__decay_factor": 1e30, "training__log_every_steps": 3,
                  "training__num_train_steps": 12}
-    with pytest.raises(trainer.DivergenceError,
+    with pytest.raises(divergence.DivergenceError,
                        match=r"loss is nan at step 6\. The newest sound checkpoint is step 4 "):
         _train(tmp_path, **overrides)
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "4"]

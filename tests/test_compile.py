@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation for a TPU topology (`resnet_scaling.aot`, `python -m resnet_scaling.compile`).
+"""Ahead-of-time compilation for a TPU topology (`analysis.aot`, `python -m resnet_scaling.compile`).
 
 Needs libtpu (the `tpu` and `test` extras), not a TPU: 'v2:2x2' describes 4 TPU v2 chips = 8 devices.
 """
@@ -22,8 +22,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax.sharding import PartitionSpec  # noqa: E402
 
-from resnet_scaling import aot, hardware, hlo  # noqa: E402
 from resnet_scaling import mesh as mesh_lib  # noqa: E402
+from resnet_scaling.analysis import (
+    aot,
+    hardware,
+    hlo,  # noqa: E402
+)
 from resnet_scaling.mesh import DATA_AXIS, DCN_AXIS  # noqa: E402
 from tests.helpers import tiny_config  # noqa: E402
 

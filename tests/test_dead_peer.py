@@ -8,7 +8,7 @@ tests/test_multiprocess.py's scenario.
 import pytest
 from jax._src import distributed as jax_distributed
 
-from resnet_scaling import distributed
+from resnet_scaling.resilience import distributed
 
 
 class _FakeStore:

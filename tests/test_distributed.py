@@ -1,4 +1,4 @@
-"""Multi-process start-up (`resnet_scaling.distributed`) and the local launcher (`launch/local.py`).
+"""Multi-process start-up (`resilience/distributed.py`) and the local launcher (`launch/local.py`).
 
 The end-to-end test runs real processes on 127.0.0.1 (CPU devices, gloo collectives) through
 tests/multihost_worker.py.
@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 
-from resnet_scaling import distributed
+from resnet_scaling.resilience import distributed
 from tests.helpers import held_port
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

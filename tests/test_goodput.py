@@ -7,6 +7,7 @@ import time
 import pytest
 
 from resnet_scaling import checkpointing, metrics, trainer
+from resnet_scaling.resilience import preemption
 from tests.helpers import random_arrays, tiny_config
 from tests.test_metrics import inject_delays
 
@@ -70,11 +71,11 @@ def test_a_run_preempted_then_crashed_reports_recomputed_steps_and_restart_gaps(
     start_wall = time.time()
 
     # Launch 1: preempted (as by SIGTERM) at step 3, which it saves.
-    real_reached = checkpointing.PreemptionWatcher.reached
-    monkeypatch.setattr(checkpointing.PreemptionWatcher, "reached", lambda self, step: step == 3)
+    real_reached = preemption.PreemptionWatcher.reached
+    monkeypatch.setattr(preemption.PreemptionWatcher, "reached", lambda self, step: step == 3)
     first = trainer.train_and_evaluate(config, str(tmp_path), arrays=arrays)
     assert first.preempted and int(first.state.step) == 3
-    monkeypatch.setattr(checkpointing.PreemptionWatcher, "reached", real_reached)
+    monkeypatch.setattr(preemption.PreemptionWatcher, "reached", real_reached)
     first_last_record_wall = delays.record_walls[-1]
 
     # Launch 2: resumes at 3, saves step 4, reaches step 8 and dies while saving it: steps 5-8 are lost.

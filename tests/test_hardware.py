@@ -1,10 +1,11 @@
-"""The one table of accelerator figures (`resnet_scaling.hardware`): peaks for MFU, HBM for AOT reports."""
+"""The one table of accelerator figures (`analysis/hardware.py`): peaks for MFU, HBM for AOT reports."""
 
 import types
 
 import pytest
 
-from resnet_scaling import hardware, metrics
+from resnet_scaling import metrics
+from resnet_scaling.analysis import hardware
 
 GIB = 2**30
 

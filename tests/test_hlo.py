@@ -1,4 +1,4 @@
-"""Finding collectives in compiled HLO text (`resnet_scaling.hlo`), on the printed forms XLA uses, and telling
+"""Finding collectives in compiled HLO text (`analysis/hlo.py`), on the printed forms XLA uses, and telling
 in-slice (ICI) from cross-slice (DCN) ones for multislice meshes."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from resnet_scaling import hlo
 from resnet_scaling import mesh as mesh_lib
+from resnet_scaling.analysis import hlo
 
 HLO = """
 HloModule jit_step, entry_computation_layout={(f32[64,10]{1,0})->f32[64,10]{1,0}}

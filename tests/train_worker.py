@@ -19,7 +19,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from resnet_scaling import checkpointing, distributed, mesh, trainer  # noqa: E402
+from resnet_scaling import checkpointing, mesh, trainer  # noqa: E402
+from resnet_scaling.resilience import distributed
 from tests.helpers import random_arrays, tiny_config  # noqa: E402
 
 
@@ -94,7 +95,7 @@ def main() -> None:
     parser.add_argument("--best_every_eval", action="store_true",
                         help="Save best/ at every evaluation: makes best and regular saves coincide.")
     parser.add_argument("--peer_timeout_sec", type=float, default=None,
-                        help="Join through resnet_scaling.distributed, as train.py does, with its peer "
+                        help="Join through resilience.distributed, as train.py does, with its peer "
                              "watchdog and this timeout (default: plain jax.distributed.initialize).")
     parser.add_argument("--num_eval", type=int, default=20, help="Evaluation images.")
     parser.add_argument("--record_eval", default="",

@@ -17,7 +17,6 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from resnet_scaling import host_tensorflow
 from resnet_scaling import plan as plan_lib
 from resnet_scaling.data.base import (
     MLPERF_CROP_AREA_RANGE,
@@ -31,6 +30,7 @@ from resnet_scaling.data.base import (
 )
 from resnet_scaling.data.shapes import make_shapes, shapes_folder
 from resnet_scaling.data.sources import ArraySource, SyntheticSource
+from resnet_scaling.host import tf_import
 
 __all__ = ["DATA_SOURCES", "MLPERF_CROP_AREA_RANGE", "RESIZE_METHODS", "ArraySource", "DataError",
            "DataSource", "SyntheticSource", "create_data_source", "make_shapes", "pad_batch", "prefetch",
@@ -80,7 +80,7 @@ def create_data_source(
             num_classes=config.model.num_classes, image_size=data.image_size,
         )
     if source in _TF_DATA_SOURCES:
-        host_tensorflow.import_tensorflow_for_host()
+        tf_import.import_tensorflow_for_host()
         from resnet_scaling.data import pipeline  # Imports TensorFlow.
 
         return pipeline.source_from_config(config, mesh, batch)

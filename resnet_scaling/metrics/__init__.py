@@ -12,9 +12,10 @@
 | `writers.py` | JSON lines, TensorBoard event files, console durations |
 | `summary.py` | `summary.json`: the headline figures of a run and its config |
 | `mlperf_log.py` | WORKDIR/mlperf_log.txt through mllog, MLPerf's clock, MLPerf mode's evaluations |
+| `profiling.py` | a `jax.profiler` trace of a window of steps, for TensorBoard's Profile tab |
 """
 
-from resnet_scaling.hardware import peak_tflops_per_device
+from resnet_scaling.analysis.hardware import peak_tflops_per_device
 from resnet_scaling.metrics.accuracy import MLPERF_TARGET_TOP1, TimeToAccuracy
 from resnet_scaling.metrics.compiled import flops_per_device, memory_per_device
 from resnet_scaling.metrics.device import MetricsBuffer, first_non_finite_step, summarize_eval

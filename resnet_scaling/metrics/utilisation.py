@@ -8,7 +8,7 @@ float32 run is measured against that same peak. The FLOPs are XLA's count of the
 
 from __future__ import annotations
 
-from resnet_scaling.hardware import peak_tflops_per_device
+from resnet_scaling.analysis.hardware import peak_tflops_per_device
 
 
 def utilisation(flops_per_step_per_device: float | None, sec_per_step: float | None, num_devices: int,

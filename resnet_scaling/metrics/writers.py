@@ -74,9 +74,9 @@ class TensorBoardWriter:
     NOT_PLOTTED = ("step", "eval_count")
 
     def __init__(self, logdir: str, config_text: str | None = None) -> None:
-        from resnet_scaling import host_tensorflow
+        from resnet_scaling.host import tf_import
 
-        host_tensorflow.import_tensorflow_for_host()
+        tf_import.import_tensorflow_for_host()
         from clu import metric_writers
 
         self._writer = metric_writers.SummaryWriter(logdir)

@@ -22,8 +22,9 @@ from typing import Any
 import jax
 import ml_collections
 
-from resnet_scaling import hardware, hlo, metrics, training_setup
 from resnet_scaling import mesh as mesh_lib
+from resnet_scaling import metrics, training_setup
+from resnet_scaling.analysis import hardware, hlo
 
 
 @dataclasses.dataclass

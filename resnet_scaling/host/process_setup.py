@@ -10,7 +10,9 @@ import logging
 
 import jax
 
-from resnet_scaling import distributed, host_memory, xla_flags
+from resnet_scaling.host import memory as host_memory
+from resnet_scaling.host import xla_flags
+from resnet_scaling.resilience import distributed
 
 logger = logging.getLogger(__name__)
 

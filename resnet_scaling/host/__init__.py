@@ -1,0 +1,9 @@
+"""The host process: what a command sets up before JAX starts a backend, and host-side tuning.
+
+| module | job |
+|---|---|
+| `process_setup.py` | `start_process`: platform, throughput flags, CPU memory reuse, joining a job |
+| `xla_flags.py` | XLA, libtpu and NCCL flags for throughput per backend; no TPU probe without a TPU |
+| `memory.py` | CPU steps: glibc keeps what a step frees for the next, instead of faulting it in again |
+| `tf_import.py` | TensorFlow imported for host work only (tf.data, TensorBoard), its GPUs hidden from it |
+"""
