@@ -93,7 +93,13 @@ COMMIT_MARKER = "commit_success.txt"
 
 def complete_steps(workdir: str) -> list[int]:
     """The steps under WORKDIR/checkpoints whose save finished, oldest first, read from the directory
-    without orbax."""
+    without orbax.
+
+    Why not through a read-only `ocp.CheckpointManager`: creating one starts JAX's backend (measured with
+    orbax 0.12.8: 0.27 s, and libtpu's probe where it is installed), and these reads serve the checks a
+    command makes in its first second, before a multi-process job joins (`jax.distributed.initialize` must
+    come before any backend) and before any slow set-up.
+    """
     directory = workdir_lib.as_path(workdir) / "checkpoints"
     names = [p.name for p in directory.iterdir()] if directory.is_dir() else []
     return sorted(int(n) for n in names if n.isdigit() and (directory / n / COMMIT_MARKER).exists())

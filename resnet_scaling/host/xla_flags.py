@@ -71,8 +71,9 @@ def no_accelerator_found(env: Mapping[str, str] | None = None, dev_dir: str = "/
 
 def skip_tpu_probe_without_accelerator() -> bool:
     """Pins JAX to the CPU, as the entry points do, where that cannot change which device it would use:
-    no platform chosen (JAX_PLATFORMS, `jax_platforms`), no accelerator's device files, no GPU plugin
-    installed, and no backend started yet. Returns whether it did.
+    no platform chosen (JAX_PLATFORMS, `jax_platforms`), no accelerator's device files and no GPU plugin
+    installed. Returns whether it did. (A backend JAX started before this can then only be the CPU's, so
+    the pin changes nothing for it either: no need to ask JAX's private `xla_bridge` whether one did.)
 
     The package runs this once when imported, its one import-time setting: with libtpu installed (the
     `tpu` and `test` extras), JAX otherwise probes for a TPU first and prints five lines of libtpu errors
@@ -83,9 +84,8 @@ def skip_tpu_probe_without_accelerator() -> bool:
     import importlib.util
 
     import jax
-    from jax._src import xla_bridge
 
-    if jax.config.jax_platforms or not no_accelerator_found() or xla_bridge.backends_are_initialized():
+    if jax.config.jax_platforms or not no_accelerator_found():
         return False
     if importlib.util.find_spec("jax_plugins") or importlib.metadata.entry_points(group="jax_plugins"):
         return False  # A CUDA or ROCm plugin: its devices may exist without the files looked for here.
