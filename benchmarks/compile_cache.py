@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import harness  # Beside this script.
+
 REPO = Path(__file__).resolve().parents[1]
 WORKLOADS = {
     "demo (ResNet-18/4, 32 px, batch 128)": ["--config=demo"],
@@ -56,27 +58,23 @@ def compile_sec(cache_dir: str, config_args: list[str]) -> float:
 
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--json_out", default=str(REPO / "benchmarks" / "results" / "compile_cache.json"))
+    harness.add_flags(p, repeats=3, json_out=str(REPO / "benchmarks" / "results" / "compile_cache.json"))
     args = p.parse_args(argv)
     results = {}
     for name, config_args in WORKLOADS.items():
         cold, cached = [], []
-        for _ in range(args.repeats):  # Alternated, so that both see the same machine load.
+        for _ in range(args.repeats):  # Cold, then cached on the same new folder, as a restart meets it.
             with tempfile.TemporaryDirectory() as cache_dir:
                 cold.append(compile_sec(cache_dir, config_args))
                 cached.append(compile_sec(cache_dir, config_args))
         results[name] = {"cold_sec": cold, "cached_sec": cached, "cold_sec_median": statistics.median(cold),
                          "cached_sec_median": statistics.median(cached)}
-    print("| workload | cold compile, s (median) | cached, s (median) | cached / cold |")
-    print("|---|---|---|---|")
-    for name, r in results.items():
-        print(f"| {name} | {r['cold_sec_median']:.2f} | {r['cached_sec_median']:.2f} | "
-              f"{r['cached_sec_median'] / r['cold_sec_median']:.2f} |")
-    out = {"benchmark": "compile_cache", "command": " ".join([sys.executable, *sys.argv]), "results": results}
-    Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json_out).write_text(json.dumps(out, indent=2) + "\n")
-    print(f"Wrote {args.json_out}")
+    print(harness.markdown_table(
+        ["workload", "cold compile, s (median)", "cached, s (median)", "cached / cold"],
+        [[name, f"{r['cold_sec_median']:.2f}", f"{r['cached_sec_median']:.2f}",
+          f"{r['cached_sec_median'] / r['cold_sec_median']:.2f}"] for name, r in results.items()]))
+    harness.write_json(args.json_out, {"benchmark": "compile_cache", "environment": harness.environment(),
+                                       "results": results})
 
 
 if __name__ == "__main__":

@@ -14,26 +14,19 @@ Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
-import platform
-import shlex
+import functools
 import statistics
-import sys
 import time
 
+import harness  # Beside this script.
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from resnet_scaling import cpu_lowering
+from resnet_scaling.host import memory as host_memory
 
 # name, input size, input channels, output channels, kernel, stride, padding, weights only
-from resnet_scaling.analysis import hardware
-from resnet_scaling.host import memory as host_memory
-from resnet_scaling.resilience import workdir
-
 LAYERS = (
     ("stem_conv 7x7/2", 224, 3, 64, 7, 2, 3, True),
     ("stage2_block1/conv2 3x3/2", 56, 128, 128, 3, 2, 1, False),
@@ -59,6 +52,11 @@ def seconds(fn, *args) -> float:
     return time.perf_counter() - start
 
 
+def _block_median(fn, operands: tuple, calls: int) -> float:
+    """The median time of `calls` calls in a row of `fn(*operands)`."""
+    return statistics.median(seconds(fn, *operands) for _ in range(calls))
+
+
 def run(args: argparse.Namespace) -> dict:
     rng = np.random.default_rng(0)
     rows = []
@@ -72,26 +70,21 @@ def run(args: argparse.Namespace) -> dict:
                  "xla": gradient_fn(xla_conv, strides, padding, weights_only)}
         patch_dw, xla_dw = (jax.tree.leaves(f(x, w, g))[-1] for f in forms.values())  # Also the warm-up.
         error = float(jnp.max(jnp.abs(patch_dw - xla_dw)) / jnp.max(jnp.abs(xla_dw)))
-        times: dict[str, list[float]] = {form: [] for form in forms}
-        for _ in range(args.repeats):
-            for form, fn in forms.items():
-                # A block of calls per form, its median: the first calls after the other form ran are
-                # slower (its temporaries land where the other's were), which a step never sees.
-                times[form].append(statistics.median(seconds(fn, x, w, g) for _ in range(args.calls)))
-        ratios = [t_xla / t_patch for t_xla, t_patch in zip(times["xla"], times["patch"], strict=True)]
+        # A block of calls per form, its median: the first calls after the other form ran are slower (its
+        # temporaries land where the other's were), which a step never sees.
+        times = harness.alternate(
+            {form: functools.partial(_block_median, fn, (x, w, g), args.calls) for form, fn in forms.items()},
+            args.repeats)
         gflop = 2 * args.batch_size * out * out * kernel * kernel * cin * cout / 1e9
         rows.append({"layer": name, "input": [args.batch_size, size, size, cin],
                      "kernel": [kernel, kernel, cin, cout],
                      "weights_only": weights_only, "weight_grad_gflop": gflop,
                      "ms_median": {form: 1e3 * statistics.median(t) for form, t in times.items()},
                      "ms_repeats": {form: [1e3 * s for s in t] for form, t in times.items()},
-                     "xla_over_patch": statistics.median(ratios), "max_relative_difference": error})
+                     "xla_over_patch": harness.median_ratio(times["xla"], times["patch"]),
+                     "max_relative_difference": error})
     return {"benchmark": "cpu_lowering", "config": vars(args), "layers": rows,
-            "environment": {"jax": jax.__version__, "python": platform.python_version(),
-                            "device_kind": jax.devices()[0].device_kind, "cpu_count": os.cpu_count(),
-                            "cpu_model": hardware.host_cpu_model(),
-                            "command": shlex.join([sys.executable, *sys.argv]),
-                            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}}
+            "environment": harness.environment(device_kind=jax.devices()[0].device_kind)}
 
 
 def print_table(result: dict) -> None:
@@ -108,9 +101,8 @@ def print_table(result: dict) -> None:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch_size", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--calls", type=int, default=5, help="Calls of one form in a row per repeat.")
-    p.add_argument("--json_out", default="benchmarks/results/cpu_lowering.json")
+    harness.add_flags(p, repeats=5, json_out="benchmarks/results/cpu_lowering.json")
     args = p.parse_args(argv)
     # As the training entry point runs CPU steps: on the main thread, freed memory kept for the next. The
     # dispatch setting is read when the backend starts, so it comes first (after it, the layers timed
@@ -121,8 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
     host_memory.keep_freed_memory()
     result = run(args)
     print_table(result)
-    workdir.write_text_atomically(args.json_out, json.dumps(result, indent=2) + "\n")  # Folders made.
-    print(f"Wrote {args.json_out}")
+    harness.write_json(args.json_out, result)
     return result
 
 

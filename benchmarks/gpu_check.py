@@ -398,8 +398,7 @@ def parse_stage_output(name: str, path: Path) -> dict[str, Any]:
                            "device_kind": r["device_kind"], "input_wait_fraction": t["input_wait_fraction"]}}
     return {"result": {"threads": data.get("threads"),
                        "library_images_per_sec": data.get("images_per_sec", {}).get("library"),
-                       "images_per_sec": data.get("images_per_sec"), "machine": data.get("machine"),
-                       "command": data.get("command")}}
+                       "images_per_sec": data.get("images_per_sec"), "environment": data.get("environment")}}
 
 
 class Check:

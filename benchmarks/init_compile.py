@@ -13,23 +13,18 @@ the two states' values, relative to each array's largest magnitude. Prints a tab
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
-import shlex
+import functools
 import statistics
-import sys
 import time
 
+import harness  # Beside this script.
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from resnet_scaling import mesh as mesh_lib
 from resnet_scaling import models, optim, steps
-from resnet_scaling.analysis import hardware
 from resnet_scaling.config import get_base_config
-from resnet_scaling.resilience import workdir
 
 # name: (model, classes, width, image size)
 MODELS = {
@@ -48,18 +43,20 @@ def time_model(name: str, repeats: int) -> dict:
     init = jax.jit(steps.train_state_init_fn(model, tx, size),
                    out_shardings=mesh_lib.replicated_sharding(mesh))
     rng = jax.random.key(0)
-    compile_sec = {k: [] for k in OPTIONS}
-    run_sec = {k: [] for k in OPTIONS}
-    states = {}
-    for _ in range(repeats):
-        for label, options in OPTIONS.items():  # Alternated, so that drifts in load hit both alike.
-            jax.clear_caches()  # Otherwise JAX hands back the executable it compiled for the last repeat.
-            start = time.perf_counter()
-            compiled = init.lower(rng).compile(compiler_options=options)
-            compile_sec[label].append(time.perf_counter() - start)
-            start = time.perf_counter()
-            states[label] = jax.block_until_ready(compiled(rng))
-            run_sec[label].append(time.perf_counter() - start)
+
+    def compile_and_run(options: dict | None) -> tuple[float, float, object]:
+        jax.clear_caches()  # Otherwise JAX hands back the executable it compiled for the last repeat.
+        start = time.perf_counter()
+        compiled = init.lower(rng).compile(compiler_options=options)
+        compiled_at = time.perf_counter()
+        state = jax.block_until_ready(compiled(rng))
+        return compiled_at - start, time.perf_counter() - compiled_at, state
+
+    runs = harness.alternate({label: functools.partial(compile_and_run, options)
+                              for label, options in OPTIONS.items()}, repeats)
+    compile_sec = {label: [r[0] for r in results] for label, results in runs.items()}
+    run_sec = {label: [r[1] for r in results] for label, results in runs.items()}
+    states = {label: results[-1][2] for label, results in runs.items()}
 
     def relative(a, b):
         scale = float(jnp.max(jnp.abs(a))) if a.size else 0.0
@@ -78,21 +75,19 @@ def time_model(name: str, repeats: int) -> dict:
 
 
 def print_table(result: dict) -> None:
-    print("| model | parameters | compile, XLA default (s) | compile, run-once (s) | speedup "
-          "| run, XLA default (s) | run, run-once (s) | max relative difference |")
-    print("|---|---|---|---|---|---|---|---|")
-    for row in result["models"]:
-        print(f"| {row['model']} | {row['parameters']:,} | {row['compile_sec']['xla_default']:.2f} "
-              f"| {row['compile_sec']['run_once']:.2f} | {row['compile_speedup']:.2f}x "
-              f"| {row['run_sec']['xla_default']:.2f} | {row['run_sec']['run_once']:.2f} "
-              f"| {row['max_relative_difference']:.1e} |")
+    print(harness.markdown_table(
+        ["model", "parameters", "compile, XLA default (s)", "compile, run-once (s)", "speedup",
+         "run, XLA default (s)", "run, run-once (s)", "max relative difference"],
+        [[row["model"], f"{row['parameters']:,}", f"{row['compile_sec']['xla_default']:.2f}",
+          f"{row['compile_sec']['run_once']:.2f}", f"{row['compile_speedup']:.2f}x",
+          f"{row['run_sec']['xla_default']:.2f}", f"{row['run_sec']['run_once']:.2f}",
+          f"{row['max_relative_difference']:.1e}"] for row in result["models"]]))
 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=",".join(MODELS), help=f"Comma-separated, from: {', '.join(MODELS)}.")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--json_out", default="benchmarks/results/init_compile.json")
+    harness.add_flags(p, repeats=3, json_out="benchmarks/results/init_compile.json")
     args = p.parse_args(argv)
     # Compile times are measured here: JAX's persistent cache (JAX_COMPILATION_CACHE_DIR in the caller's
     # environment) would hand back an executable compiled earlier, in milliseconds.
@@ -104,15 +99,11 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("init_compile.py times CPU compiles; JAX's backend here is "
                          f"{jax.default_backend()}.")
     result = {
-        "command": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
-        "date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
-        "cpu_model": hardware.host_cpu_model(),
-        "jax": jax.__version__, "repeats": args.repeats,
+        "environment": harness.environment(), "repeats": args.repeats,
         "models": [time_model(name, args.repeats) for name in names],
     }
     print_table(result)
-    workdir.write_text_atomically(args.json_out, json.dumps(result, indent=2) + "\n")  # Folders made.
-    print(f"Wrote {args.json_out}")
+    harness.write_json(args.json_out, result)
     return result
 
 

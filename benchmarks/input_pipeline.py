@@ -40,23 +40,21 @@ to the current folder:
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import importlib.util
 import io
-import json
 import os
-import platform
-import statistics
 import subprocess
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import harness  # noqa: E402  (beside this script)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from resnet_scaling.analysis import hardware  # noqa: E402
 from resnet_scaling.config import IMAGENET_MEAN_RGB, IMAGENET_STDDEV_RGB  # noqa: E402
 from resnet_scaling.data import preprocessing  # noqa: E402
 
@@ -246,7 +244,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="decoding threads (host cores used)")
     parser.add_argument("--images", type=int, default=1024, help="images per timed run")
     parser.add_argument("--batch_size", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--num_jpegs", type=int, default=256, help="distinct generated JPEGs, cycled")
     parser.add_argument("--width", type=int, default=500, help="generated JPEGs' width")
     parser.add_argument("--height", type=int, default=375, help="generated JPEGs' height")
@@ -256,7 +253,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="another copy of preprocessing.py, timed as the `previous` variant")
     parser.add_argument("--count_instructions", default=None, metavar="VARIANT",
                         help="count one variant's instructions per image under callgrind instead of timing")
-    parser.add_argument("--json_out", default="benchmarks/results/input_pipeline.json")
+    harness.add_flags(parser, repeats=5, json_out="benchmarks/results/input_pipeline.json")
     args = parser.parse_args(argv)
     names = [n for n in args.variants.split(",") if n]
     if args.count_instructions and args.count_instructions not in (*VARIANTS, "previous"):
@@ -286,23 +283,15 @@ def main(argv=None) -> dict:
     iterators = {name: iter(pipeline(jpegs, fn, args.threads, args.batch_size)) for name, fn in fns.items()}
     for iterator in iterators.values():  # Warm-up: tracing, thread start, allocator.
         time_run(iterator, num_batches, args.batch_size)
-    runs = {name: [] for name in iterators}
-    for _ in range(args.repeats):  # Alternate variants so drifts in machine load hit them alike.
-        for name, iterator in iterators.items():
-            runs[name].append(time_run(iterator, num_batches, args.batch_size))
-    median = {name: statistics.median(r) for name, r in runs.items()}
+    runs = harness.alternate({name: functools.partial(time_run, iterator, num_batches, args.batch_size)
+                              for name, iterator in iterators.items()}, args.repeats)
+    median = harness.medians(runs)
     per_core = {name: m / args.threads for name, m in median.items()}
-    # Each repeat's ratio to the flax example's run beside it, then the median: load that drifts between
-    # repeats cancels out of every ratio.
-    vs_flax = {name: statistics.median([a / b for a, b in zip(r, runs["flax_example"], strict=True)])
-               for name, r in runs.items()}
+    vs_flax = {name: harness.median_ratio(r, runs["flax_example"]) for name, r in runs.items()}
     cores_per_chip = TPU_V2_CHIP_IMAGES_PER_SEC / per_core["library"]
     result = {
-        "command": "python benchmarks/input_pipeline.py " + " ".join(
-            f"--{k}={v}" for k, v in vars(args).items() if k != "output" and v is not None),
-        "machine": {"processor": platform.processor() or platform.machine(),
-                    "cpu_model": hardware.host_cpu_model(), "cpu_count": os.cpu_count(),
-                    "tensorflow": tf.__version__},
+        "environment": harness.environment(tensorflow=tf.__version__),
+        "options": {k: v for k, v in vars(args).items() if k != "json_out" and v is not None},
         "jpegs": {"count": len(jpegs), "width": args.width, "height": args.height, "quality": 90,
                   "mean_kib": round(float(np.mean([len(j) for j in jpegs])) / 1024, 1)},
         "threads": args.threads,
@@ -324,10 +313,7 @@ def main(argv=None) -> dict:
     print(f"cores to feed one TPU v2 chip at {TPU_V2_CHIP_IMAGES_PER_SEC} images/sec: {cores_per_chip:.1f} "
           f"({cores_per_chip * CHIPS_PER_TPU_V2_HOST:.0f} per 4-chip host)")
     if args.json_out:
-        os.makedirs(os.path.dirname(args.json_out) or ".", exist_ok=True)
-        with open(args.json_out, "w") as f:
-            json.dump(result, f, indent=2)
-        print(f"wrote {args.json_out}")
+        harness.write_json(args.json_out, result)
     return result
 
 

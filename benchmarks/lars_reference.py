@@ -18,16 +18,14 @@ Deterministic: no timing, so one run is the figure.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
-import jax
+import harness  # Beside this script.
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from resnet_scaling import optim, recipes
-from resnet_scaling.analysis import hardware
 from resnet_scaling.config import IMAGENET_NUM_TRAIN_EXAMPLES, get_base_config
 from resnet_scaling.plan import derive
 
@@ -112,10 +110,8 @@ def main() -> None:
         print(f"{r['wd_w_over_g']!s:>14} {r['optax_lars']:>12.4g} {r['reference']:>12.4g} "
               f"{r['tf1.12']:>12.4g} {r['optax_over_reference']:>10.3f} {r['tf1_12_over_reference']:>10.3f}")
     if args.json_out:
-        with open(args.json_out, "w") as f:
-            command = "python benchmarks/lars_reference.py --json_out=" + args.json_out
-            json.dump({"learning_rates": lrs, "update_sizes": sizes, "jax": jax.__version__,
-                       "cpu_model": hardware.host_cpu_model(), "command": command}, f, indent=1)
+        harness.write_json(args.json_out, {"learning_rates": lrs, "update_sizes": sizes,
+                                           "environment": harness.environment()})
 
 
 if __name__ == "__main__":

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -37,10 +35,11 @@ import optax  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import flax_example_baseline  # noqa: E402
+import harness  # noqa: E402
 
 from resnet_scaling import config as config_lib  # noqa: E402
 from resnet_scaling import mesh, metrics  # noqa: E402
-from resnet_scaling.analysis import aot
+from resnet_scaling.analysis import aot  # noqa: E402
 
 
 def load_config(name: str) -> Any:
@@ -94,10 +93,9 @@ def compile_baseline(config: Any, devices: list[Any]) -> dict[str, Any]:
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="pod")
-    p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--variants", default="ours,ours_cpu_forms,baseline")
-    p.add_argument("--json_out",
-                   default=str(Path(__file__).resolve().parent / "results" / "pod_compile.json"))
+    harness.add_flags(p, repeats=1, json_out=str(Path(__file__).resolve().parent / "results" /
+                                                 "pod_compile.json"))
     args = p.parse_args(argv)
     # Compile times are measured here: JAX's persistent cache (JAX_COMPILATION_CACHE_DIR in the caller's
     # environment) would hand back an executable compiled earlier, in milliseconds.
@@ -108,13 +106,15 @@ def main(argv: list[str]) -> None:
     variants = {"ours": lambda: compile_ours(config, devices, "auto"),
                 "ours_cpu_forms": lambda: compile_ours(config, devices, "cpu"),
                 "baseline": lambda: compile_baseline(config, devices)}
-    chosen = args.variants.split(",")
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in chosen}
-    for _ in range(args.repeats):  # Alternated, so that all see the same machine load.
-        for name in chosen:
-            runs[name].append(variants[name]())
-            print(f"{name}: {runs[name][-1]['compile_sec']:.1f} s", flush=True)
-    medians = {name: statistics.median(r["compile_sec"] for r in rs) for name, rs in runs.items()}
+
+    def compile_and_say(name: str) -> dict[str, Any]:
+        result = variants[name]()
+        print(f"{name}: {result['compile_sec']:.1f} s", flush=True)
+        return result
+
+    runs = harness.alternate({name: functools.partial(compile_and_say, name)
+                              for name in args.variants.split(",")}, args.repeats)
+    medians = harness.medians({name: [r["compile_sec"] for r in rs] for name, rs in runs.items()})
     print(f"\n| step ({config.system.topology}, {len(devices)} devices, batch "
           f"{config.training.global_batch_size}) | compile s (median) | / baseline | GFLOP per device | "
           "temporaries MiB |")
@@ -124,12 +124,10 @@ def main(argv: list[str]) -> None:
         flops, memory = rs[-1]["flops_per_device"], rs[-1]["memory"] or {}
         print(f"| {name} | {medians[name]:.1f} | {ratio} | {flops / 1e9 if flops else float('nan'):,.0f} | "
               f"{memory.get('temp', 0) / 2**20:,.0f} |")
-    out = {"benchmark": "pod_compile", "config": args.config, "topology": config.system.topology,
-           "num_devices": len(devices), "command": " ".join([sys.executable, *sys.argv]),
-           "compile_sec_median": medians, "runs": runs, "jax": jax.__version__}
-    Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json_out).write_text(json.dumps(out, indent=2) + "\n")
-    print(f"Wrote {args.json_out}")
+    harness.write_json(args.json_out, {
+        "benchmark": "pod_compile", "config": args.config, "topology": config.system.topology,
+        "num_devices": len(devices), "compile_sec_median": medians, "runs": runs,
+        "environment": harness.environment()})
 
 
 if __name__ == "__main__":

@@ -19,14 +19,14 @@ path, not the scaling; use real chips for scaling figures.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import harness  # Beside this script.
 
 HERE = Path(__file__).resolve().parent
 
@@ -45,9 +45,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--optimizer", default="sgd")
     p.add_argument("--steps", type=int, default=5, help="Timed steps per repeat.")
     p.add_argument("--warmup_steps", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout_sec", type=int, default=3600, help="Per device count (fake CPU devices).")
-    p.add_argument("--json_out", default=None, help="Default: benchmarks/results/throughput-....json")
+    harness.add_flags(p, repeats=3, json_out=None,
+                      json_out_help="Default: benchmarks/results/throughput-....json")
     p.add_argument("--_point", type=int, default=None, help=argparse.SUPPRESS)  # Internal: one count.
     args = p.parse_args(argv)
     args.counts = [int(c) for c in args.device_counts.split(",") if c.strip()]
@@ -119,20 +119,16 @@ def main(argv: list[str]) -> dict[str, Any]:
         "benchmark": "throughput", "fake_cpu_devices": not args.real_devices,
         "scaling": "strong" if args.global_batch_size > 0 else "weak",
         "options": {k: v for k, v in vars(args).items() if k not in ("json_out", "_point", "counts")},
-        "points": points, "command": shlex.join([sys.executable, *sys.argv]),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "points": points, "environment": harness.environment(),
     }
-    print("| devices | global batch | images/sec | per device | sec/step | speedup | efficiency |")
-    print("|---|---|---|---|---|---|---|")
-    for p in points:
-        print(f"| {p['num_devices']} | {p['global_batch_size']} | {p['images_per_sec']:.1f} | "
-              f"{p['images_per_sec_per_device']:.1f} | {p['sec_per_step'] * 1e3:.1f} ms | "
-              f"{p['speedup']:.2f}x | {p['scaling_efficiency']:.0%} |")
+    print(harness.markdown_table(
+        ["devices", "global batch", "images/sec", "per device", "sec/step", "speedup", "efficiency"],
+        [[p["num_devices"], p["global_batch_size"], f"{p['images_per_sec']:.1f}",
+          f"{p['images_per_sec_per_device']:.1f}", f"{p['sec_per_step'] * 1e3:.1f} ms",
+          f"{p['speedup']:.2f}x", f"{p['scaling_efficiency']:.0%}"] for p in points]))
     kind = "cpu-fake" if not args.real_devices else points[0]["platform"]
-    out = Path(args.json_out or HERE / "results" / f"throughput-{kind}-{args.model}-{args.dtype}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"Wrote {out}")
+    name = f"throughput-{kind}-{args.model}-{args.dtype}.json"
+    harness.write_json(args.json_out or HERE / "results" / name, result)
     return result
 
 

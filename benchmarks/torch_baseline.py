@@ -28,12 +28,10 @@ Where PyTorch is not installed its row says so and the others still run (exit st
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.util
 import json
 import os
 import platform
-import shlex
 import signal
 import statistics
 import subprocess
@@ -43,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from resnet_scaling.analysis import hardware
+import harness  # Beside this script.
 
 HERE = Path(__file__).resolve().parent
 FRAMEWORKS = ("ours", "ours_nokeep", "flax_example", "torch")
@@ -61,10 +59,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--image_size", type=int, default=224)
     p.add_argument("--steps", type=int, default=2, help="Timed steps per repeat.")
     p.add_argument("--warmup_steps", type=int, default=1, help="Untimed steps after compiling.")
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS), help="Comma-separated, from FRAMEWORKS.")
-    p.add_argument("--json_out", default=None,
-                   help="Default: benchmarks/results/torch_baseline-cpu-b{batch_size}.json")
+    harness.add_flags(p, repeats=3, json_out=None,
+                      json_out_help="Default: benchmarks/results/torch_baseline-cpu-b{batch_size}.json")
     p.add_argument("--worker", choices=FRAMEWORKS, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     names = [n for n in args.frameworks.split(",") if n]
@@ -253,6 +250,14 @@ class Worker:
         self.process.stdin.flush()
         return self._receive()["seconds"]
 
+    def time_repeat_alone(self) -> float:
+        """One timed repeat with only this framework running (the others stay paused)."""
+        self.resume()
+        try:
+            return self.time_repeat()
+        finally:
+            self.pause()
+
     def close(self) -> int:
         """Stops the worker; returns its peak resident set size in bytes."""
         self.resume()
@@ -276,12 +281,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             workers[name] = Worker(name, args)  # One at a time: no compile competes with another.
             workers[name].pause()
-        seconds = {name: [] for name in workers}
-        for _ in range(args.repeats):  # Interleaved, so that every framework sees the same machine load.
-            for name, w in workers.items():
-                w.resume()  # Only the framework being timed runs.
-                seconds[name].append(w.time_repeat())
-                w.pause()
+        seconds = harness.alternate({name: w.time_repeat_alone for name, w in workers.items()}, args.repeats)
     except BaseException:
         for w in workers.values():
             w.process.kill()
@@ -294,20 +294,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       "images_per_sec_median": statistics.median(rates),
                       "sec_per_step_median": statistics.median(seconds[name]) / args.steps,
                       "peak_rss_bytes": peak_rss[name]}
-    if "ours" in workers:  # Each repeat's ratio, then the median: load that drifts between repeats cancels.
-        ours = rows["ours"]["images_per_sec_repeats"]
+    if "ours" in workers:
         for name in workers:
-            rates = rows[name]["images_per_sec_repeats"]
-            rows[name]["ours_over_this"] = statistics.median(
-                [a / b for a, b in zip(ours, rates, strict=True)])
+            rows[name]["ours_over_this"] = harness.median_ratio(rows["ours"]["images_per_sec_repeats"],
+                                                                rows[name]["images_per_sec_repeats"])
     return {
         "benchmark": "torch_baseline",
         "config": {k: v for k, v in vars(args).items() if k not in ("json_out", "worker")},
         "frameworks": rows,
-        "environment": {
-            "python": platform.python_version(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
-            "cpu_model": hardware.host_cpu_model(), "command": shlex.join([sys.executable, *sys.argv]),
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")},
+        "environment": harness.environment(machine=platform.machine()),
     }
 
 
@@ -341,10 +336,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         return None
     result = run(args)
     print_table(result)
-    out = Path(args.json_out or HERE / "results" / f"torch_baseline-cpu-b{args.batch_size}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"Wrote {out}")
+    default_out = HERE / "results" / f"torch_baseline-cpu-b{args.batch_size}.json"
+    harness.write_json(args.json_out or default_out, result)
     return result
 
 

@@ -12,12 +12,8 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime
-import json
 import os
-import platform
 import resource
-import shlex
 import statistics
 import sys
 import time
@@ -26,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import flax
+import harness  # Beside this script.
 import jax
 import jaxlib
 
 from resnet_scaling import config as config_lib
 from resnet_scaling import models, optim
-from resnet_scaling.analysis import hardware
 from resnet_scaling.data import SyntheticSource
 from resnet_scaling.host import memory as host_memory
 from resnet_scaling.host import xla_flags
@@ -65,9 +61,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--optimizer", default="sgd", choices=optim.OPTIMIZERS)
     p.add_argument("--steps", type=int, default=5, help="Timed steps per repeat.")
     p.add_argument("--warmup_steps", type=int, default=2, help="Untimed steps after compiling.")
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--num_devices", type=int, default=-1, help="-1: all devices.")
-    p.add_argument("--json_out", default=None, help="Default: benchmarks/results/train_step-....json")
+    harness.add_flags(p, repeats=3, json_out=None,
+                      json_out_help="Default: benchmarks/results/train_step-....json")
     p.add_argument("--keep_freed_memory", action=argparse.BooleanOptionalAction, default=True,
                    help="CPU: steps on the main thread, glibc keeps what a step frees for the next, as "
                         "`python -m resnet_scaling.train` does (resnet_scaling/host/memory.py).")
@@ -215,15 +211,10 @@ def run(args: argparse.Namespace, events: EventCounter, *, config: Any = None) -
         "speedup_over_baseline": (statistics.median(images_per_sec) / baseline["images_per_sec_median"]
                                   if baseline else None),
         "steps_run_with_compiled_executable": num_run_steps,
-        "environment": {
-            "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
-            "python": platform.python_version(), "platform": device.platform,
-            "device_kind": device.device_kind,
-            "num_devices": mesh.size, "num_visible_devices": jax.device_count(), "cpu_count": os.cpu_count(),
-            "cpu_model": hardware.host_cpu_model(),
-            "default_matmul_precision": jax.config.jax_default_matmul_precision,
-            "command": shlex.join([sys.executable, *sys.argv]),
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")},
+        "environment": harness.environment(
+            jaxlib=jaxlib.__version__, flax=flax.__version__, platform=device.platform,
+            device_kind=device.device_kind, num_devices=mesh.size, num_visible_devices=jax.device_count(),
+            default_matmul_precision=jax.config.jax_default_matmul_precision),
     }
 
 
@@ -278,9 +269,7 @@ def main(argv: list[str]) -> None:
     print_table(result)
     out = args.json_out or str(Path(__file__).resolve().parent / "results" / (
         f"train_step-{result['environment']['platform']}-{args.model}-{args.dtype}-b{args.batch_size}.json"))
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"Wrote {out}")
+    harness.write_json(out, result)
 
 
 if __name__ == "__main__":

@@ -424,8 +424,9 @@ def test_any_tfds_image_dataset_by_name_png_and_greyscale_included(tmp_path):
     assert sum(int(np.asarray(b["mask"]).sum()) for b in source.eval_batches()) == 20
 
 
-def test_the_input_benchmark_times_every_variant_the_flax_example_included(tmp_path):
+def test_the_input_benchmark_times_every_variant_the_flax_example_included(tmp_path, monkeypatch):
     path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "input_pipeline.py"
+    monkeypatch.syspath_prepend(str(path.parent))  # It imports harness.py from beside it.
     spec = importlib.util.spec_from_file_location("input_pipeline_benchmark", path)
     benchmark = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(benchmark)

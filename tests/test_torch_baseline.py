@@ -13,7 +13,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def torch_baseline():
+def torch_baseline(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))  # It imports harness.py from beside it.
     spec = importlib.util.spec_from_file_location("torch_baseline", REPO / "benchmarks" / "torch_baseline.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
