@@ -4,7 +4,7 @@
 `--config=pod`). Override any config field on the command line: `--config.training.global_batch_size=256`.
 The console shows our progress and other libraries' warnings (`--verbosity=0` shows their INFO lines) and
 ends with a headline; the config goes to WORKDIR/config.json (`--print_config` prints it and exits).
-Multi-process jobs (TPU pod slices, SLURM, launch/local.py) join up first; see `distributed.py`.
+Multi-process jobs (TPU pod slices, SLURM, launch/local.py) join up first; see `resilience/distributed.py`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics, summaries and checkpoints "
                                 "(required, but with --print_config).")
 flags.mark_flags_as_required(["config"])
-# Multi-process settings; unset, they come from the environment or the cluster (distributed.py).
+# Multi-process settings; unset, they come from the environment or the cluster (resilience/distributed.py).
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0's coordinator.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes).")

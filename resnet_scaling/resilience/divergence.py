@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from resnet_scaling.errors import RunError
 from resnet_scaling.metrics.device import first_non_finite_step
@@ -10,6 +10,7 @@ from resnet_scaling.resilience import state_checks
 
 if TYPE_CHECKING:
     from resnet_scaling.checkpointing import Checkpointer
+    from resnet_scaling.steps import TrainState
 
 
 class DivergenceError(RunError, FloatingPointError):
@@ -26,7 +27,7 @@ class DivergenceGuard:
     later (saved from the state that produced it, or after) are moved to WORKDIR/diverged_checkpoints/.
     """
 
-    def __init__(self, state: Any, start_step: int, max_norm_growth: float,
+    def __init__(self, state: TrainState, start_step: int, max_norm_growth: float,
                  checkpointer: Checkpointer | None) -> None:
         self._start_step = start_step
         self._max_norm_growth = max_norm_growth
@@ -48,7 +49,7 @@ class DivergenceGuard:
         raise DivergenceError(f"Training diverged: {cause}. {self._keep_sound(bad_step - 1)} Lower the "
                               "learning rate, lengthen the warm-up or use float32/bfloat16 compute.")
 
-    def check_state(self, step: int, state: Any) -> None:
+    def check_state(self, step: int, state: TrainState) -> None:
         """Raises `DivergenceError` instead of saving a non-finite or exploding state."""
         finite, norm = state_checks.health(state)
         if not finite:
