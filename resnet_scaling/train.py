@@ -9,6 +9,7 @@ Multi-process jobs (TPU pod slices, SLURM, launch/local.py) join up first; see `
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -18,8 +19,8 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
+from resnet_scaling import checkpointing, console, errors, trainer
 from resnet_scaling import config as config_lib
-from resnet_scaling import console, errors, trainer
 from resnet_scaling.host import process_setup, xla_flags
 from resnet_scaling.resilience import distributed
 from resnet_scaling.resilience import workdir as workdir_lib
@@ -63,11 +64,12 @@ def main(argv: list[str]) -> None:
                          "logs (--print_config alone shows the config without one).")
     new_workdir = not workdir_lib.as_path(_WORKDIR.value).exists()
     log_file = console.configure_command_line_logging(_WORKDIR.value)
-    process_setup.start_process(
+    job = process_setup.start_process(
         throughput_flags=_THROUGHPUT_FLAGS.value, keep_freed_memory=_KEEP_FREED_MEMORY.value,
         coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
         process_id=_PROCESS_ID.value, initialization_timeout_sec=_INIT_TIMEOUT.value,
-        peer_timeout_sec=_PEER_TIMEOUT.value)
+        peer_timeout_sec=_PEER_TIMEOUT.value,
+        complete_checkpoints=functools.partial(checkpointing.complete_steps, _WORKDIR.value))
     config = load_config()
     if cache_dir := compilation_cache_dir(config, _WORKDIR.value):
         enable_compilation_cache(cache_dir)
@@ -79,12 +81,14 @@ def main(argv: list[str]) -> None:
             workdir_lib.remove_refused_launch(_WORKDIR.value, log_file)
         console.exit_after_error(f"error: {e}")
     except Exception:  # A bug: its traceback, then the same bounded exit.
+        distributed.blame_a_lost_peer(job)  # Where a dead process is the cause, one line that names it.
         logger.exception("The run failed:")
         console.exit_after_error("error: the run failed with the traceback above; the last complete "
                                  "checkpoint (if any) resumes with the same command.")
     if result.preempted:
         # Everything is saved and closed; do not wait for the input pipeline's threads to wind down
         # (tens of seconds with a large shuffle buffer) while a preempted VM's grace period runs out.
+        distributed.leave(job)
         logging.shutdown()
         os._exit(0)
 

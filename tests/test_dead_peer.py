@@ -24,6 +24,11 @@ class _FakeStore:
         assert allow_overwrite or key not in self.entries
         self.entries[key] = value
 
+    def key_value_try_get(self, key):
+        if self.down or key not in self.entries:
+            raise RuntimeError("NOT_FOUND" if not self.down else "UNAVAILABLE")
+        return self.entries[key]
+
     def key_value_dir_get(self, prefix):
         if self.down:
             raise RuntimeError("UNAVAILABLE: Failed to send RPC to coordination service")
@@ -38,10 +43,11 @@ class _Clock:
         return self.now
 
 
-def _watchdogs(num_processes, timeout_sec=10, store=None):
+def _watchdogs(num_processes, timeout_sec=10, store=None, complete_checkpoints=None):
     store = store or _FakeStore()
     clock = _Clock()
-    dogs = [distributed.PeerWatchdog(i, num_processes, timeout_sec, client=lambda: store, clock=clock)
+    dogs = [distributed.PeerWatchdog(i, num_processes, timeout_sec, client=lambda: store, clock=clock,
+                                     complete_checkpoints=complete_checkpoints)
             for i in range(num_processes)]
     return store, clock, dogs
 
@@ -132,3 +138,32 @@ def test_at_exit_the_bound_counts_from_the_dead_peers_last_sign_of_life(monkeypa
     assert slept == [pytest.approx(1004 + distributed.peer_exit_bound_sec(10) - 1011)] == [7]
     assert exits == [1]
     assert capsys.readouterr().err.startswith("error: process 1 of 2 stopped responding")
+
+
+def test_once_the_job_is_stopping_a_silent_peer_is_named_after_10_s_and_one_that_left_never():
+    store, clock, dogs = _watchdogs(3, timeout_sec=60, complete_checkpoints=lambda: [20, 40])
+    _rounds(clock, dogs, 10)
+    # A SIGTERM reached a process: JAX's preemption sync manager records it in the service (jax 0.10.2).
+    store.entries[distributed.JAX_PREEMPTION_NOTICE_KEY] = "2026-12-02T18:18:58.519656125+00:00"
+    dogs[2].stop()  # Process 2 saved and is leaving (distributed.leave): its beats stop, and it said so.
+    survivors = dogs[:1]  # Process 1 is dead (kill -9): its beats stop too, without a word.
+    assert _rounds(clock, survivors, 10) == {}
+    message = _rounds(clock, survivors, 2)[0]
+    assert message.startswith("process 1 of 3 stopped responding: no sign of life for 10 s (while the job "
+                              "was stopping).")
+    # The newest complete checkpoint as the next launch will find it, not the one last reported.
+    assert message.endswith("resume from the last complete checkpoint (step 40).")
+    assert distributed.stopping_exit_bound_sec(60) == 5 + 10 + 1 < 30  # SLURM's default KillWait
+
+
+def test_a_failing_process_hurries_the_watch_and_a_run_without_checkpoints_says_it_starts_over():
+    store, clock, dogs = _watchdogs(2, timeout_sec=60, complete_checkpoints=lambda: [])
+    _rounds(clock, dogs, 10)
+    dogs[0].hurry(wait_sec=0)  # Its collective failed; the watch thread is not running here.
+    assert _rounds(clock, dogs[:1], 10) == {}
+    message = _rounds(clock, dogs[:1], 2)[0]
+    assert "(while the job was stopping)" in message
+    assert message.endswith("run the same command to resume from the start: no checkpoint is complete.")
+    unreadable = distributed.PeerWatchdog(0, 2, 60, client=lambda: store, clock=clock,
+                                          complete_checkpoints=lambda: 1 / 0)
+    assert unreadable._lost_message([1]).endswith("from the last complete checkpoint, if there is one.")

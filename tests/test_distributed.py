@@ -17,6 +17,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from jax._src.clusters import ClusterEnv
 
 from resnet_scaling.resilience import distributed
 from tests.helpers import held_port
@@ -69,13 +70,45 @@ def test_jax_environment_variables_are_understood():
 
 
 @pytest.mark.parametrize("env, reason", [
-    ({"SLURM_NTASKS": "4", "SLURM_JOB_ID": "7"}, "SLURM job with 4 tasks"),
     ({"TPU_WORKER_HOSTNAMES": "w-0,w-1,w-2,w-3"}, "Cloud TPU pod slice with 4 workers"),
     ({"MEGASCALE_COORDINATOR_ADDRESS": "10.0.0.1"}, "Cloud TPU multislice job"),
     ({"RESNET_SCALING_DISTRIBUTED": "auto"}, "RESNET_SCALING_DISTRIBUTED=auto"),
 ])
 def test_clusters_are_left_to_jax_auto_detection(env, reason):
     assert distributed.detect(env=env) == distributed.DistributedSettings(None, None, None, reason)
+
+
+@pytest.mark.parametrize("nodes", ["gpu017", "gpu017,login2", "gpu[017-018]", "gpu[017,020-030],x[1-2]",
+                                   "a-b[1-2]"])
+@pytest.mark.parametrize("port", [None, "7000"])
+def test_an_srun_task_joins_the_coordinator_jax_would_pick(monkeypatch, nodes, port):
+    """The address is made explicit (for the log and process 0's port check); the oracle is JAX's own
+    SLURM detection on the same variables."""
+    env = {"SLURM_JOB_ID": "123456", "SLURM_NTASKS": "16", "SLURM_PROCID": "9", "SLURM_LOCALID": "1",
+           "SLURM_STEP_NODELIST": nodes, "SLURM_STEP_ID": "0"}
+    env |= {"JAX_COORDINATOR_PORT": port} if port else {}
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_COORDINATOR_PORT", "JAX_LOCAL_DEVICE_IDS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    expected = ClusterEnv.auto_detect_unset_distributed_params(None, None, None, None, None, 60)[:3]
+    settings = distributed.detect(env=env)
+    assert (settings.coordinator_address, settings.num_processes, settings.process_id) == expected
+    assert settings.reason == "SLURM job 123456 with 16 tasks"
+
+
+@pytest.mark.parametrize("env", [
+    {"SLURM_JOB_ID": "77", "SLURM_NTASKS": "2", "SLURM_PROCID": "0"},  # the batch script, salloc's shell
+    {"SLURM_JOB_ID": "77", "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "n[1-2]"},
+])
+def test_a_process_of_a_multi_task_allocation_not_started_by_srun_is_refused_in_one_line(env):
+    with pytest.raises(ValueError) as info:
+        distributed.detect(env=env)
+    tasks = env["SLURM_NTASKS"]
+    assert str(info.value).startswith(f"this process runs in SLURM job 77, an allocation of {tasks} tasks, "
+                                      "but srun did not start it")
+    assert "RESNET_SCALING_DISTRIBUTED=off" in str(info.value)
+    assert distributed.detect(env={**env, "RESNET_SCALING_DISTRIBUTED": "off"}) is None
 
 
 @pytest.mark.parametrize("args, message", [

@@ -314,7 +314,7 @@ def test_jax_slurm_detection_gives_each_task_the_gpu_of_its_local_id(monkeypatch
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert distributed.detect(env=env).reason == "SLURM job with 16 tasks"
+    assert distributed.detect(env=env).reason == "SLURM job 123456 with 16 tasks"
     assert SlurmCluster.is_env_present()
     port = 123456 % 4096 + 65536 - 4096  # JAX's port for the job: 62016
     assert ClusterEnv.auto_detect_unset_distributed_params(None, None, None, None, None, 60) == (
@@ -393,7 +393,7 @@ def test_two_processes_join_under_a_simulated_slurm_step(tmp_path):
         text = (tmp_path / f"task{task}.txt").read_text()
         assert proc.returncode == 0, text[-3000:]
         result = json.loads(text.strip().splitlines()[-1])
-        assert result == {"reason": "SLURM job with 2 tasks", "index": task, "count": 2,
+        assert result == {"reason": f"SLURM job {job_id} with 2 tasks", "index": task, "count": 2,
                           "coordinator": f"localhost:{port}", "visible": str(task)}
 
 

