@@ -113,7 +113,9 @@ def trial(cluster, scenario: str, folder: Path, cache_dir: Path, index: int,
     exit_sec = time.monotonic() - signalled
     state, exit_code = cluster.job_state(job)
     out = text()
-    row = {"scenario": scenario, "job": job, "phase": phase_at(out, signal_sec), "state": state,
+    # A killed task's survivor logs no more steps: the phase is read for preemptions only.
+    phase = phase_at(out, signal_sec) if scenario == "preempt" else "-"
+    row = {"scenario": scenario, "job": job, "phase": phase, "state": state,
            "exit_code": exit_code, "exit_sec": round(exit_sec, 1) if ended else None,
            "finished_before_signal": "Done: step" in out}
     newest = max(checkpointing.complete_steps(str(workdir)), default=None)
@@ -129,9 +131,11 @@ def trial(cluster, scenario: str, folder: Path, cache_dir: Path, index: int,
         errors = [line for line in out.splitlines() if line.startswith("error:")]
         named = re.search(r"last complete checkpoint \(step (\d+)\)", errors[0]) if errors else None
         named_step = int(named.group(1)) if named else None
+        truthful = (named_step == newest if newest is not None else
+                    bool(errors) and errors[0].endswith("from the start: no checkpoint is complete."))
         row.update(newest_complete=newest, named_checkpoint=named_step, errors=errors,
                    clean=(len(errors) == 1 and errors[0].startswith("error: process 1 of 2 stopped")
-                          and named_step == newest and "Terminating process" not in out
+                          and truthful and "Terminating process" not in out
                           and "task 0: Exited with exit code 1" in out))
     return row
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
@@ -160,6 +161,38 @@ def test_train_fails_fast_and_clearly_when_the_coordinator_is_unreachable(tmp_pa
     assert f"Could not reach the coordinator at {address} within 3 s" in result.stderr
     assert "Traceback" not in result.stderr
     assert time.monotonic() - start < 90  # imports + 3 s, not the 300 s default or a hang
+
+
+_EXIT_SCRIPT = """
+import os, sys, time
+from resnet_scaling.resilience import distributed
+address, index, leave = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "leave"
+job = distributed.maybe_initialize(address, 2, index, initialization_timeout_sec=60, peer_timeout_sec=30)
+if index == 1:
+    time.sleep(4)  # Still winding down (the input pipeline's threads) when process 0 is done.
+if leave:
+    distributed.leave(job)
+print(f"process {index} exits", flush=True)
+os._exit(0)  # As train.py ends a preempted run: no atexit hook, no wait for the input threads.
+"""
+
+
+@pytest.mark.parametrize("leave", [False, True])
+def test_a_process_that_exits_at_once_leaves_through_the_barrier_or_aborts_the_others(tmp_path, leave):
+    """Without `leave`, process 0 takes JAX's coordination service with it and JAX aborts process 1 (the
+    failure preempted SLURM jobs showed); with it, both exit 0."""
+    with held_port(share_with_coordinator=True) as port:
+        procs = [subprocess.Popen([sys.executable, "-c", _EXIT_SCRIPT, f"127.0.0.1:{port}", str(i),
+                                   "leave" if leave else "exit"], cwd=tmp_path, env=_clean_env(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for i in range(2)]
+        outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    assert procs[0].returncode == 0, outputs[0][-2000:]
+    if leave:
+        assert procs[1].returncode == 0 and "process 1 exits" in outputs[1], outputs[1][-2000:]
+    else:
+        aborted = procs[1].returncode == -signal.SIGABRT and "Terminating process" in outputs[1]
+        assert aborted, outputs[1][-2000:]
 
 
 # --------------------------------------------------------------------------- the local launcher
