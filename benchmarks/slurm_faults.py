@@ -10,6 +10,7 @@ does, and a random 0-30 s after the first training step is logged:
   resnet_scaling.train --config=demo ..."`. Clean: the job ends COMPLETED with exit code 0:0, the output
   shows the preemption's checkpoint saved and no abort, error or traceback, and that step's checkpoint is
   complete on disk. Timed from the signal to the job's end.
+- `preempt_saving`: the same with a checkpoint every 2 steps, so that the signal lands during a save.
 - `kill_sbatch` (the same job) and `kill_srun` (plain `srun`, no --kill-on-bad-exit): `kill -9` of task 1.
   Clean: the survivor's output has exactly one `error:` line, naming process 1 and the newest checkpoint
   complete on disk, and no JAX abort; the survivor exits 1. Timed from the kill to the job's end.
@@ -49,9 +50,9 @@ TASK_ENV = {"JAX_PLATFORMS": "cpu", "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"
 _LOG_TIME = re.compile(r"^[IWE]\d{4} (\d\d:\d\d:\d\d\.\d+) .*?\] (.*)$")
 
 
-def train_command(workdir: Path, cache_dir: Path) -> list[str]:
+def train_command(workdir: Path, cache_dir: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "resnet_scaling.train", "--config=demo", f"--workdir={workdir}",
-            f"--config.data.cache_dir={cache_dir}", *OVERRIDES]
+            f"--config.data.cache_dir={cache_dir}", *OVERRIDES, *extra]
 
 
 def submit(cluster, output: Path, command: list[str], kill_on_bad_exit: bool = True) -> str:
@@ -97,7 +98,11 @@ def phase_at(text: str, signal_sec: float) -> str:
 def trial(cluster, scenario: str, folder: Path, cache_dir: Path, index: int,
           rng: random.Random) -> dict[str, Any]:
     workdir, output = folder / f"{scenario}{index}", folder / f"{scenario}{index}.out"
-    job = submit(cluster, output, train_command(workdir, cache_dir), scenario != "kill_srun")
+    preempt = scenario.startswith("preempt")
+    # preempt_saving: a checkpoint every 2 steps, written in the background, so that nearly every signal
+    # lands while a save is in flight.
+    extra = ["--config.checkpoint.every_steps=2"] if scenario == "preempt_saving" else []
+    job = submit(cluster, output, train_command(workdir, cache_dir, *extra), scenario != "kill_srun")
     text = lambda: output.read_text() if output.exists() else ""  # noqa: E731
     if not wait_for(lambda: re.search(r"\] step \d+/", text()), 300):
         raise RuntimeError(f"job {job} logged no step:\n{text()[-3000:]}")
@@ -105,7 +110,7 @@ def trial(cluster, scenario: str, folder: Path, cache_dir: Path, index: int,
     now = datetime.datetime.now(datetime.UTC)
     signal_sec = now.hour * 3600 + now.minute * 60 + now.second + now.microsecond / 1e6
     signalled = time.monotonic()
-    if scenario == "preempt":
+    if preempt:
         subprocess.run(["scancel", "--signal=TERM", job], env=cluster.env, check=True)
     elif (pid := cluster.task_pid(job, 1)) is not None:
         os.kill(pid, signal.SIGKILL)
@@ -114,12 +119,12 @@ def trial(cluster, scenario: str, folder: Path, cache_dir: Path, index: int,
     state, exit_code = cluster.job_state(job)
     out = text()
     # A killed task's survivor logs no more steps: the phase is read for preemptions only.
-    phase = phase_at(out, signal_sec) if scenario == "preempt" else "-"
+    phase = phase_at(out, signal_sec) if preempt else "-"
     row = {"scenario": scenario, "job": job, "phase": phase, "state": state,
            "exit_code": exit_code, "exit_sec": round(exit_sec, 1) if ended else None,
            "finished_before_signal": "Done: step" in out}
     newest = max(checkpointing.complete_steps(str(workdir)), default=None)
-    if scenario == "preempt":
+    if preempt:
         stopped = re.search(r"Preempted \(SIGTERM\) at step (\d+): checkpoint saved", out)
         step = int(stopped.group(1)) if stopped else None
         problems = [line for line in out.splitlines()

@@ -22,11 +22,12 @@ from tests.slurm_cluster import KILL_WAIT_SEC, slurm_cluster
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "launch" / "slurm_gpu.sbatch"
-# The demo, smaller: 512 images, batch 128 (4 steps an epoch), 64 steps; the suite's compilation cache
+# The demo, smaller: 512 images, batch 128 (4 steps an epoch), 32 steps; the suite's compilation cache
 # (conftest) instead of the workdir's, so that launches share what they compile.
+NUM_STEPS = 32
 DEMO_ARGS = ["--config.data.num_train_examples=512", "--config.data.num_eval_examples=200",
-             "--config.eval.global_batch_size=200", "--config.training.num_epochs=16",
-             "--config.eval.every_epochs=8", "--config.checkpoint.every_steps=8",
+             "--config.eval.global_batch_size=200", "--config.training.num_epochs=8",
+             "--config.eval.every_epochs=4", "--config.checkpoint.every_steps=8",
              "--config.training.log_every_steps=2", "--config.training.compilation_cache_dir="]
 TASK_ENV = {"JAX_PLATFORMS": "cpu", "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
             "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "PYTHON": sys.executable}
@@ -39,10 +40,16 @@ def slurm():
         yield cluster
 
 
-def _sbatch(slurm, workdir: pathlib.Path, output: pathlib.Path, *extra: str) -> str:
+@pytest.fixture(scope="module")
+def demo_data(tmp_path_factory):
+    """Where the module's jobs find the demo's generated images (written by the first)."""
+    return tmp_path_factory.mktemp("slurm-data")
+
+
+def _sbatch(slurm, data: pathlib.Path, workdir: pathlib.Path, output: pathlib.Path, *extra: str) -> str:
     """Submits launch/slurm_gpu.sbatch as the README does, 2 CPU tasks instead of 8 GPUs."""
     env = {**slurm.env, **TASK_ENV, "CONFIG": "demo", "WORKDIR": str(workdir),
-           "EXTRA_ARGS": " ".join([f"--config.data.cache_dir={workdir.parent / 'data'}", *DEMO_ARGS])}
+           "EXTRA_ARGS": " ".join([f"--config.data.cache_dir={data}", *DEMO_ARGS])}
     result = subprocess.run(["sbatch", "--parsable", "--ntasks-per-node=2", "--gpus-per-node=0",
                              "--no-requeue", "-o", str(output), *extra, str(SCRIPT)],
                             env=env, cwd=REPO, capture_output=True, text=True, check=True)
@@ -64,10 +71,11 @@ def _text(path: pathlib.Path) -> str:
 
 
 @pytest.mark.slow
-def test_a_preempted_sbatch_job_completes_with_its_checkpoint_and_the_same_command_resumes(slurm, tmp_path):
+def test_a_preempted_sbatch_job_completes_with_its_checkpoint_and_the_same_command_resumes(
+        slurm, demo_data, tmp_path):
     workdir, first, second = tmp_path / "run", tmp_path / "first.out", tmp_path / "second.out"
-    job = _sbatch(slurm, workdir, first)
-    _wait(lambda: re.search(r"\] step \d+/64", _text(first)), "training step", slurm, job, first)
+    job = _sbatch(slurm, demo_data, workdir, first)
+    _wait(lambda: re.search(rf"\] step \d+/{NUM_STEPS}", _text(first)), "training step", slurm, job, first)
     signalled = time.monotonic()
     subprocess.run(["scancel", "--signal=TERM", job], env=slurm.env, check=True)
     _wait(lambda: slurm.ended(job), "end after SIGTERM", slurm, job, first, timeout_sec=KILL_WAIT_SEC + 30)
@@ -77,21 +85,22 @@ def test_a_preempted_sbatch_job_completes_with_its_checkpoint_and_the_same_comma
     assert slurm.job_state(job) == ("COMPLETED", "0:0"), text[-4000:]
     assert not re.search(r"srun: error|Terminating process|Traceback|^error:", text, flags=re.M), text[-4000:]
     stopped = int(re.search(r"Preempted \(SIGTERM\) at step (\d+): checkpoint saved", text).group(1))
-    assert stopped < 64 and checkpointing.complete_steps(str(workdir))[-1] == stopped
+    assert stopped < NUM_STEPS and checkpointing.complete_steps(str(workdir))[-1] == stopped
     assert exit_sec < KILL_WAIT_SEC  # Before SLURM would SIGKILL a task that still ran.
 
-    job = _sbatch(slurm, workdir, second)
+    job = _sbatch(slurm, demo_data, workdir, second)
     _wait(lambda: slurm.ended(job), "end of the resumed job", slurm, job, second)
     text = second.read_text()
     assert slurm.job_state(job) == ("COMPLETED", "0:0"), text[-4000:]
     assert f"at step {stopped}" in text and "Resumed from" in text, text[-4000:]
-    assert "Done: step 64 of 64" in text
+    assert f"Done: step {NUM_STEPS} of {NUM_STEPS}" in text
 
 
 @pytest.mark.slow
-def test_a_task_killed_under_the_sbatch_script_is_named_with_the_last_complete_checkpoint(slurm, tmp_path):
+def test_a_task_killed_under_the_sbatch_script_is_named_with_the_last_complete_checkpoint(
+        slurm, demo_data, tmp_path):
     workdir, output = tmp_path / "run", tmp_path / "job.out"
-    job = _sbatch(slurm, workdir, output)
+    job = _sbatch(slurm, demo_data, workdir, output)
     _wait(lambda: checkpointing.complete_steps(str(workdir)), "complete checkpoint", slurm, job, output)
     pid = slurm.task_pid(job, 1)
     assert pid is not None
