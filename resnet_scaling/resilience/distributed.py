@@ -647,9 +647,11 @@ class PeerWatchdog:
         return self
 
     def stop(self) -> None:
-        """At a normal exit: no more calls to the coordination client (jax is about to shut it down), after
-        the round in flight. The thread still ends the process, naming the peer seen last the longest ago,
-        if jax's shutdown barrier holds it longer than the stated bound (a peer died at the end)."""
+        """On the way out (a normal exit, `leave`, a failure): after the round in flight, records that this
+        process left, so that the others' watch does not take its silence for a death, then makes no more
+        calls to the coordination client (jax is about to shut it down). The thread still ends the process,
+        naming the peer seen last the longest ago, if jax's shutdown barrier holds it longer than the
+        stated bound (a peer died at the end)."""
         self._exiting.set()
         self._wake.set()
         with self._round:
