@@ -162,6 +162,21 @@ def test_step_flops_are_the_architectures_multiply_adds_per_image_plus_a_few_per
     assert 4 * num_params <= batch_independent <= 10 * num_params
 
 
+def test_libtpus_step_time_estimate_is_no_faster_than_the_chips_peak_and_grows_with_the_batch(
+        per_device_bn_reports):
+    """libtpu's `optimal_seconds`, the planner's step time: never below the time the step's FLOPs take
+    at TPU v2's peak (45 TFLOP/s bfloat16 per chip, 2 cores: Cloud TPU's system architecture page), and
+    more for twice the images."""
+    v2_core_peak = 45e12 / 2
+    estimates = {n: per_device_bn_reports[n].estimated_step_sec for n in (2, 4)}
+    for n, report in per_device_bn_reports.items():
+        assert report.estimated_step_sec >= report.flops_per_device / v2_core_peak, n
+        assert report.flop_floor_sec == pytest.approx(report.flops_per_device / v2_core_peak)
+    assert estimates[4] > estimates[2]
+    assert "| step time: libtpu's estimate (images/sec), FLOPs at peak | " in aot.format_report(
+        per_device_bn_reports[4])
+
+
 def test_step_memory_holds_at_least_the_counted_state_batch_and_gradients(per_device_bn_reports):
     """Memory analysis against bytes counted from the architecture, as lower bounds (the TPU pads narrow
     arrays to its tiles, so a layout holds more): each device holds the replicated state (float32

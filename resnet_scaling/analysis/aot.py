@@ -5,8 +5,9 @@ libtpu (the `tpu` extra) compiles for any TPU topology on a CPU-only machine:
 `jax.experimental.topologies.get_topology_desc` describes its devices, `training_setup.setup(...,
 abstract=True)` builds the trainer's mesh, plan, state and batch over them as shapes (no array is
 allocated), and the trainer's jitted `train_step` is lowered with them and compiled. The report gives
-per-device memory against the chip's HBM, FLOPs from XLA's cost analysis and the collectives of the
-compiled step, so a config's fit and communication are known before a pod is rented.
+per-device memory against the chip's HBM, FLOPs from XLA's cost analysis, libtpu's estimate of the step's
+time beside the time its FLOPs take at the chip's peak, and the collectives of the compiled step, so a
+config's fit, speed and communication are known before a pod is rented.
 
 Multislice (`config.system.num_slices` > 1): the topology's devices come from that many slices and the
 report separates in-slice (ICI) from cross-slice (DCN) collectives and their bytes.
@@ -52,6 +53,10 @@ class CompileReport:
     hbm_bytes_per_device: int | None
     flops_per_device: float
     flops_per_step: float
+    # libtpu's estimate of the step's time on the chip (`optimal_seconds`), and the time its FLOPs take at
+    # the device's peak (hardware.py): the estimate over the floor is how far from peak it expects to run.
+    estimated_step_sec: float | None
+    flop_floor_sec: float | None
     collectives: dict[str, dict[str, int]]
     collectives_by_slice: dict[str, dict[str, int]]
     collectives_by_group: list[dict[str, Any]]
@@ -123,6 +128,7 @@ def build_report(config: ml_collections.ConfigDict, devices: Sequence[jax.Device
     largest = sorted(collectives, key=lambda c: c.num_elements, reverse=True)[:8]
     num_slices = mesh_lib.num_mesh_slices(run.mesh)
     flops_per_device = metrics.flops_per_device(compiled) or 0.0
+    peak_tflops = hardware.peak_tflops_per_device(devices[0].device_kind)
     return CompileReport(
         system=config.system.name,
         topology=topology,
@@ -141,6 +147,8 @@ def build_report(config: ml_collections.ConfigDict, devices: Sequence[jax.Device
         hbm_bytes_per_device=hardware.hbm_bytes_per_device(devices, config.system.device_kind),
         flops_per_device=flops_per_device,
         flops_per_step=flops_per_device * plan.num_devices,
+        estimated_step_sec=metrics.estimated_seconds(compiled),
+        flop_floor_sec=flops_per_device / (peak_tflops * 1e12) if peak_tflops and flops_per_device else None,
         collectives=hlo.summarize(collectives),
         collectives_by_slice=hlo.summarize_by_slice(collectives, slice_of_device),
         collectives_by_group=hlo.summarize_by_group(collectives, slice_of_device if num_slices > 1 else None),
@@ -153,6 +161,14 @@ def _flops(value: float) -> str:
         if value >= scale:
             return f"{value / scale:,.2f} {unit}"
     return f"{value:,.0f} FLOP"
+
+
+def _step_time(report: CompileReport) -> str:
+    estimate = ("none" if report.estimated_step_sec is None else
+                f"{report.estimated_step_sec * 1e3:,.2f} ms "
+                f"({report.global_batch_size / report.estimated_step_sec:,.0f})")
+    floor = "unknown peak" if report.flop_floor_sec is None else f"{report.flop_floor_sec * 1e3:,.2f} ms"
+    return f"{estimate}, {floor}"
 
 
 def format_report(report: CompileReport) -> str:
@@ -182,6 +198,7 @@ def format_report(report: CompileReport) -> str:
         f"| memory per device: total (+ code, - aliased outputs) | {mib(memory['total'])}, {fits} |",
         f"| FLOPs per device per step | {_flops(report.flops_per_device)} |",
         f"| FLOPs per step (all devices), per image | {_flops(report.flops_per_step)}, {_flops(per_image)} |",
+        f"| step time: libtpu's estimate (images/sec), FLOPs at peak | {_step_time(report)} |",
     ]
     if multislice:
         for where, network in ((hlo.IN_SLICE, "ICI"), (hlo.CROSS_SLICE, "DCN")):

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 
-def flops_per_device(compiled: Any) -> float | None:
-    """FLOPs of one step of a compiled (per-device, SPMD-partitioned) program, or None if unknown.
+def _cost(compiled: Any) -> dict[str, Any]:
+    """XLA's cost analysis of a compiled program, {} where there is none.
 
     `cost_analysis()` returns a dict, a list of dicts (one per program) or None, depending on the jax
     version and backend; some backends raise.
@@ -18,11 +18,23 @@ def flops_per_device(compiled: Any) -> float | None:
     try:
         cost = compiled.cost_analysis()
     except Exception:  # noqa: BLE001 - not every backend implements cost analysis.
-        return None
+        return {}
     if isinstance(cost, list | tuple):
         cost = cost[0] if cost else None
-    flops = cost.get("flops") if isinstance(cost, dict) else None
+    return cost if isinstance(cost, dict) else {}
+
+
+def flops_per_device(compiled: Any) -> float | None:
+    """FLOPs of one step of a compiled (per-device, SPMD-partitioned) program, or None if unknown."""
+    flops = _cost(compiled).get("flops")
     return float(flops) if flops is not None and flops > 0 else None
+
+
+def estimated_seconds(compiled: Any) -> float | None:
+    """The compiler's own estimate of one run of the program on its device, or None: libtpu reports it as
+    `optimal_seconds` for TPU programs (jax 0.10.2); XLA's CPU and GPU compilers do not."""
+    seconds = _cost(compiled).get("optimal_seconds")
+    return float(seconds) if seconds is not None and seconds > 0 else None
 
 
 def memory_per_device(compiled: Any) -> dict[str, int] | None:
