@@ -5,8 +5,10 @@ Needs libtpu (the `tpu` and `test` extras), not a TPU: 'v2:2x2' describes 4 TPU 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import types
@@ -23,14 +25,16 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import PartitionSpec  # noqa: E402
 
 from resnet_scaling import mesh as mesh_lib  # noqa: E402
-from resnet_scaling.analysis import (
+from resnet_scaling.analysis import (  # noqa: E402
     aot,
     hardware,
-    hlo,  # noqa: E402
+    hlo,
+    planning,
 )
 from resnet_scaling.mesh import DATA_AXIS, DCN_AXIS  # noqa: E402
 from tests.helpers import tiny_config  # noqa: E402
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
 TOPOLOGY = "v2:2x2"
 NUM_SCALAR_METRICS = 3  # loss, top-1 and top-5 are means over the global batch
 # Two v5e slices of 2x2 chips (4 devices each), joined by DCN.
@@ -175,6 +179,23 @@ def test_libtpus_step_time_estimate_is_no_faster_than_the_chips_peak_and_grows_w
     assert estimates[4] > estimates[2]
     assert "| step time: libtpu's estimate (images/sec), FLOPs at peak | " in aot.format_report(
         per_device_bn_reports[4])
+
+
+def test_the_planner_reads_a_compile_report_as_the_command_writes_it(per_device_bn_reports, tmp_path):
+    """4 TPU v2 chips, 8 devices, 4 images each: a batch of 32 below MLPerf's smallest reference, whose
+    35 epochs stand; 35 x 64 images / 32 = 70 steps at libtpu's estimate."""
+    report = per_device_bn_reports[4]
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(dataclasses.asdict(report)))
+    result = subprocess.run([sys.executable, "-m", "resnet_scaling.planner", str(path)], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    name = report.system or report.model
+    row = next(line for line in result.stdout.splitlines() if line.startswith(f"| {name} |"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[1:4] == ["4 x TPU v2", "32", "35.0"]
+    assert cells[4] == f"{report.estimated_step_sec * 1e3:,.2f} ms" and cells[7] == "-"
+    assert planning.predict(dataclasses.asdict(report)).steps == 70
 
 
 def test_step_memory_holds_at_least_the_counted_state_batch_and_gradients(per_device_bn_reports):

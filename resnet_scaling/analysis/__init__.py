@@ -6,4 +6,5 @@
 | `aot.py` | the real train step compiled ahead of time for a TPU topology this machine does not have |
 | `hlo.py` | the collectives of a compiled program and the bytes they move |
 | `convergence.py` | epochs to MLPerf's ResNet target at a global batch, from MLPerf's reference runs |
+| `planning.py` | time and cost to that target on a system, from its compiled step (`planner.py`) |
 """

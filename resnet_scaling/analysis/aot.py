@@ -40,11 +40,13 @@ class CompileReport:
     topology: str
     device_kind: str
     num_devices: int
+    num_chips: int
     num_slices: int
     model: str
     compute_dtype: str
     global_batch_size: int
     per_device_batch_size: int
+    num_train_examples: int
     bn_group_size: int | None
     num_params: int
     num_batch_stats: int
@@ -134,11 +136,13 @@ def build_report(config: ml_collections.ConfigDict, devices: Sequence[jax.Device
         topology=topology,
         device_kind=devices[0].device_kind,
         num_devices=plan.num_devices,
+        num_chips=hardware.chip_count(devices),
         num_slices=num_slices,
         model=config.model.name,
         compute_dtype=config.model.compute_dtype,
         global_batch_size=plan.global_batch_size,
         per_device_batch_size=plan.per_device_batch_size,
+        num_train_examples=int(config.data.num_train_examples),
         bn_group_size=plan.bn_group_size,
         num_params=run.num_params,
         num_batch_stats=num_batch_stats,

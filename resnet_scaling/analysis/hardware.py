@@ -67,6 +67,11 @@ def peak_tflops_per_device(device_kind: str, measured: float | None = None) -> f
     return None if spec is None else spec.peak_tflops_per_device
 
 
+def chip_count(devices: Sequence[Any]) -> int:
+    """The chips that hold `devices`: TPU devices sharing `coords` (and slice) are cores of one chip."""
+    return len({(getattr(d, "slice_index", 0), tuple(getattr(d, "coords", (d.id,)))) for d in devices})
+
+
 def hbm_bytes_per_device(devices: Sequence[Any], device_kind: str = "") -> int | None:
     """HBM one device of `devices` can use, or None for a device kind not in the table.
 
@@ -77,8 +82,7 @@ def hbm_bytes_per_device(devices: Sequence[Any], device_kind: str = "") -> int |
     spec = device_spec(device_kind or devices[0].device_kind)
     if spec is None:
         return None
-    chips = {(getattr(d, "slice_index", 0), tuple(getattr(d, "coords", (d.id,)))) for d in devices}
-    return spec.hbm_bytes_per_chip * len(chips) // len(devices)
+    return spec.hbm_bytes_per_chip * chip_count(devices) // len(devices)
 
 
 def host_cpu_model(cpuinfo: str | os.PathLike[str] = "/proc/cpuinfo") -> str:
