@@ -26,8 +26,9 @@ from resnet_scaling.resilience import workdir
 logger = logging.getLogger("resnet_scaling.planner")  # Not __name__: "__main__" under `python -m`.
 
 _PRICES = flags.DEFINE_multi_string(
-    "price", [], 'A price per chip-hour for one system, "SYSTEM=USD:SOURCE" (SYSTEM as the report names '
-    'it, e.g. "pod=1.35:cloud.google.com/tpu/pricing, read 2026-12-02"); none: no cost.')
+    "price", [], 'A price per chip-hour for one system, "SYSTEM=USD:SOURCE" (SYSTEM: its report\'s file '
+    'name without .json, or the system name in it), e.g. "pod=1.35:cloud.google.com/tpu/pricing, read '
+    '2026-12-02"; none: no cost.')
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the predictions as JSON to this path.")
 
 
@@ -70,14 +71,18 @@ def main(argv: list[str]) -> None:
         prices = dict(parse_price(text) for text in _PRICES.value)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
-    predictions = []
+    predictions, names = [], set()
     for path in argv[1:]:
         try:
             report = json.loads(workdir.as_path(path).read_text())
-            predictions.append(planning.predict(report, prices.get(report.get("system", ""))))
+            # A price names a system by its report's file name ("pod" for pod.json) or by its system name.
+            keys = (workdir.as_path(path).stem, report.get("system", ""))
+            names.update(keys)
+            price = next((prices[key] for key in keys if key in prices), None)
+            predictions.append(planning.predict(report, price))
         except (OSError, ValueError, KeyError) as e:
             raise SystemExit(f"error: {path}: {e}") from None
-    unknown = set(prices) - {p.system for p in predictions}
+    unknown = set(prices) - names
     if unknown:
         raise SystemExit(f"error: --price names {', '.join(sorted(unknown))}, which no report is for.")
     print(format_table(predictions))
