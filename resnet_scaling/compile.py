@@ -46,7 +46,8 @@ def main(argv: list[str]) -> None:
     if not topology:
         raise app.UsageError("No TPU topology: set config.system.topology or pass --topology=v2:16x16.")
     devices = aot.topology_devices(topology, config.system.chips_per_host_bounds, config.system.num_slices)
-    logger.info("Compiling the %s train step for %s: %d x %s.", config.model.name, topology, len(devices),
+    logger.info("Compiling the %s train and evaluation steps for %s: %d x %s.", config.model.name, topology,
+                len(devices),
                 devices[0].device_kind)
     try:
         report = aot.build_report(config, devices, topology)

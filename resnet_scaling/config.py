@@ -11,6 +11,7 @@ The allowed values of each choice live next to the factory that uses them (`mode
 from __future__ import annotations
 
 import importlib.resources
+import importlib.util
 import math
 import os
 import pathlib
@@ -530,6 +531,23 @@ def find_config_file(value: str) -> str:
     if folder is not None and len(candidate.parts) == 1 and (folder / f"{candidate}.py").is_file():
         return str(folder / f"{candidate}.py") + sep + arg
     return value
+
+
+def load_config(value: str) -> ml_collections.ConfigDict:
+    """The config a `--config` value names (`find_config_file`: a shipped name or a path), built by its
+    `get_config()`.
+
+    Raises:
+      FileNotFoundError: no such config file or shipped name.
+    """
+    path = find_config_file(value).partition(":")[0]
+    if not os.path.isfile(path):
+        names = ", ".join(shipped_config_names())
+        raise FileNotFoundError(f"No config {value!r}: give a path or one of {names}.")
+    spec = importlib.util.spec_from_file_location(f"_resnet_scaling_config_{pathlib.Path(path).stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
 
 
 def resolve_config_flag(argv: list[str], flag: str = "config") -> list[str]:

@@ -1,13 +1,16 @@
-"""Entry point: time and cost to MLPerf's ResNet-50 target (75.90% top-1), from compiled steps.
+"""Entry point: time and cost to MLPerf's ResNet-50 target (75.90% top-1) on each system, from its step.
 
-    python -m resnet_scaling.compile --config=pod --json_out=pod.json          # once per system
-    python -m resnet_scaling.planner pod.json tpu_v2_8.json \
-        --price="pod=USD_PER_CHIP_HOUR:where and when the price was read"
+    python -m resnet_scaling.planner pod tpu_v2_8 gpu_h200x8            # configs: TPU ones compiled here
+    python -m resnet_scaling.planner pod.json runs/h200/summary.json    # compile reports, run summaries
+    python -m resnet_scaling.planner --all_configs --json_out=plan.json --chart_out=plan.png \\
+        --prices=prices.json --input_rate="1143:benchmarks/input_pipeline.py, AMD EPYC, 1 core"
 
-Prints one row per compile report: chips, global batch, epochs to the target at that batch (MLPerf's
-reference runs), libtpu's estimate of the step time, images/sec, the training time to the target and,
-where a price per chip-hour is given, its cost; every figure says where it comes from
-(`resnet_scaling.analysis.planning` has the model and what it leaves out).
+Each input is a compile report (`python -m resnet_scaling.compile --json_out`), a run's `summary.json`
+(or its workdir), or a config by name or path: a TPU config is compiled for its topology here (libtpu, a
+few minutes each on a 2-core machine); a GPU config without a run is listed as not predicted. Prints one
+row per system, uncompensated and, for TPUs, compensated by the one factor the case study's pod gives
+(its compile report, or the pod config, must be among the inputs or `--calibration`); every figure says
+where it comes from (`resnet_scaling.analysis.planning` has the model and what it leaves out).
 """
 
 from __future__ import annotations
@@ -15,9 +18,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+from collections.abc import Sequence
+from typing import Any
 
+import jax
 from absl import app, flags
 
+from resnet_scaling import config as config_lib
 from resnet_scaling import console
 from resnet_scaling.analysis import planning
 from resnet_scaling.metrics import format_duration
@@ -26,10 +34,23 @@ from resnet_scaling.resilience import workdir
 logger = logging.getLogger("resnet_scaling.planner")  # Not __name__: "__main__" under `python -m`.
 
 _PRICES = flags.DEFINE_multi_string(
-    "price", [], 'A price per chip-hour for one system, "SYSTEM=USD:SOURCE" (SYSTEM: its report\'s file '
-    'name without .json, or the system name in it), e.g. "pod=1.35:cloud.google.com/tpu/pricing, read '
-    '2026-12-02"; none: no cost.')
+    "price", [], 'A price per chip-hour for one system, "SYSTEM=USD:SOURCE" (SYSTEM: its input\'s file '
+    'name without .json, its config name or the system name), e.g. "pod=1.35:cloud.google.com/tpu/pricing, '
+    'read 2026-12-02".')
+_PRICE_TABLE = flags.DEFINE_string(
+    "prices", None, 'A JSON price table by device kind: {"TPU v4": {"usd_per_chip_hour": 3.22, "source": '
+    '"...", "date": "2026-12-02"}, ...}; kinds it lacks keep the case study\'s assumed prices (TPU v2, '
+    'V100).')
+_CALIBRATION = flags.DEFINE_string(
+    "calibration", None, "The pod's compile report (or the pod config) for the TPU factor, when it is not "
+    "among the inputs.")
+_INPUT_RATE = flags.DEFINE_string(
+    "input_rate", None, 'Training images/sec one host CPU core preprocesses, "RATE:SOURCE" (benchmarks/'
+    'input_pipeline.py measures it): adds the cores each host needs.')
+_ALL_CONFIGS = flags.DEFINE_bool("all_configs", False, "Add every shipped system config (not the demo).")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the predictions as JSON to this path.")
+_CHART_OUT = flags.DEFINE_string("chart_out", None, "Also draw time and cost against chips to this PNG "
+                                 "(needs matplotlib: pip install 'resnet_scaling[benchmarks]').")
 
 
 def parse_price(text: str) -> tuple[str, planning.Price]:
@@ -46,50 +67,225 @@ def parse_price(text: str) -> tuple[str, planning.Price]:
     return system, planning.Price(usd, source.strip())
 
 
-def format_table(predictions: list[planning.Prediction]) -> str:
-    """The predictions as a Markdown table, each column's source in its header."""
-    def hours(seconds: float | None) -> str:
-        return "-" if seconds is None else format_duration(seconds)
+def load_price_table(path: str) -> dict[str, planning.Price]:
+    """The `--prices` table; raises ValueError naming a malformed entry."""
+    table = json.loads(workdir.as_path(path).read_text())
+    prices = {}
+    for kind, entry in table.items():
+        try:
+            prices[kind] = planning.Price(float(entry["usd_per_chip_hour"]), str(entry["source"]),
+                                          str(entry.get("date", "")))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: {kind!r} needs usd_per_chip_hour and source ({e})") from None
+    return prices
 
-    lines = ["| system | chips | global batch | epochs (published) | step (compiled) | images/sec | "
-             "time to target, training | cost (given price) |", "|---|---|---|---|---|---|---|---|"]
+
+def parse_input_rate(text: str) -> planning.Figure:
+    """Figure(1143, "given", "...") from "1143:SOURCE"; raises ValueError naming what is wrong."""
+    value, _, source = text.partition(":")
+    try:
+        rate = float(value)
+    except ValueError:
+        rate = 0.0
+    if rate <= 0 or not source.strip():
+        raise ValueError(f'--input_rate={text}: expected "IMAGES_PER_SEC_PER_CORE:SOURCE" with a rate > 0.')
+    return planning.Figure(rate, "given", source.strip())
+
+
+def _compile_report(config: Any) -> dict[str, Any]:
+    from resnet_scaling.analysis import aot  # jax and libtpu: only when a TPU config is compiled here.
+
+    topology = config.system.topology
+    logger.info("Compiling %s for %s (a few minutes; `python -m resnet_scaling.compile --json_out` keeps "
+                "the report for next time).", config.system.name, topology)
+    devices = aot.topology_devices(topology, config.system.chips_per_host_bounds, config.system.num_slices)
+    return dataclasses.asdict(aot.build_report(config, devices, topology))
+
+
+def load_system(value: str) -> tuple[planning.System, set[str]]:
+    """The system an input names, and the names a `--price` may call it by.
+
+    Raises:
+      ValueError, OSError, KeyError: an unreadable input (the message names it).
+    """
+    path = workdir.as_path(value)
+    if path.is_dir():
+        path = path / "summary.json"
+    if path.suffix == ".json" and path.is_file():
+        data = json.loads(path.read_text())
+        if "run" in data and "throughput" in data:
+            system = planning.system_from_summary(data)
+        else:
+            system = planning.system_from_report(data)
+        return system, {path.stem if path.name != "summary.json" else path.parent.name, system.name}
+    config = config_lib.load_config(value)
+    name = os.path.splitext(os.path.basename(value))[0]
+    if config.system.topology:
+        return planning.system_from_report(_compile_report(config)), {name, config.system.name}
+    return planning.system_from_config(config), {name, config.system.name}
+
+
+def _is_case_study_pod(system: planning.System) -> bool:
+    pod = planning.CASE_STUDY_POD
+    return (system.device_kind == pod.device_kind and system.global_batch == pod.global_batch
+            and system.num_chips == 256 and system.step_sec.basis == "compiled")
+
+
+def _pair(uncompensated: float | None, compensated: float | None, fmt: Any) -> str:
+    if uncompensated is None:
+        return "-"
+    return fmt(uncompensated) + ("" if compensated is None else f" → {fmt(compensated)}")
+
+
+def format_table(predictions: Sequence[planning.Prediction]) -> str:
+    """The predictions as a Markdown table; "A → B": uncompensated, then with the family's factor."""
+    def ms(x: float) -> str:
+        return f"{x * 1e3:,.2f} ms"
+
+    def images(x: float) -> str:
+        return f"{x:,.0f}"
+
+    def cost(x: float) -> str:
+        return f"${x:,.0f}" if x >= 10 else f"${x:,.2f}"
+
+    lines = ["| system | chips | global batch | step (compiled or measured → x factor) | images/sec | "
+             "scaling efficiency | case study's clock: 90 epochs | MLPerf epochs (published) | MLPerf's "
+             "clock: training + evaluation | cost, MLPerf's clock | host cores needed |",
+             "|" + "---|" * 11]
     for p in predictions:
-        step = "-" if p.step_sec is None else f"{p.step_sec * 1e3:,.2f} ms"
-        images = "-" if p.images_per_sec is None else f"{p.images_per_sec:,.0f}"
-        cost = "-" if p.cost_usd is None else f"${p.cost_usd:,.2f}"
-        lines.append(f"| {p.system} | {p.num_chips} x {p.device_kind} | {p.global_batch:,} | "
-                     f"{p.epochs:.1f} | {step} | {images} | {hours(p.train_sec)} | {cost} |")
+        comp_case, comp_mlperf = p.compensated_case_study, p.compensated_mlperf
+        comp_step = p.compensated_step_sec and p.compensated_step_sec.value
+        step = ("not predicted" if p.step_sec.value is None else
+                f"{_pair(p.step_sec.value, comp_step, ms)} ({p.step_sec.basis})")
+        efficiency = "-" if p.scaling_efficiency is None else f"{p.scaling_efficiency.value:.0%}"
+        mlperf_cost = _pair(p.mlperf.cost_usd, comp_mlperf and comp_mlperf.cost_usd, cost)
+        price = "" if p.price is None or mlperf_cost == "-" else f" ({p.price.basis})"
+        cores = "-" if p.host_cores_needed is None else f"{p.host_cores_needed.value:,.1f}"
+        lines.append(
+            f"| {p.system} | {p.num_chips} x {p.device_kind} | {p.global_batch:,} | {step} | "
+            f"{_pair(p.images_per_sec, p.compensated_images_per_sec, images)} | {efficiency} | "
+            f"{_pair(p.case_study.total_sec, comp_case and comp_case.total_sec, format_duration)} | "
+            f"{p.mlperf.epochs.value:.1f} | "
+            f"{_pair(p.mlperf.total_sec, comp_mlperf and comp_mlperf.total_sec, format_duration)} | "
+            f"{mlperf_cost}{price} | {cores} |")
     return "\n".join(lines)
+
+
+def format_notes(predictions: Sequence[planning.Prediction], factor: planning.Figure | None) -> str:
+    """Where the figures come from: the factor, the prices, what was not predicted and why."""
+    notes = [f"- TPU factor: x{factor.value:.3f} ({factor.note})." if factor else
+             "- No TPU factor: add the pod's compile report (or `pod`) to the inputs or pass --calibration."]
+    seen = set()
+    for p in predictions:
+        if p.step_sec.value is None:
+            notes.append(f"- {p.system}: not predicted ({p.step_sec.note}).")
+        elif p.mlperf.eval_sec is None:
+            notes.append(f"- {p.system}: no evaluation time ({p.step_sec.note}); MLPerf's clock not given.")
+        if p.price is not None and (p.price.source, p.price.date) not in seen:
+            seen.add((p.price.source, p.price.date))
+            date = f", {p.price.date}" if p.price.date else ""
+            notes.append(f"- Price ({p.price.basis}) for {p.device_kind}: "
+                         f"${p.price.usd_per_chip_hour:.2f} per "
+                         f"chip-hour, {p.price.source}{date}.")
+    return "\n".join(notes)
+
+
+def plot(predictions: Sequence[planning.Prediction], path: str) -> None:
+    """Time and cost to the target on MLPerf's clock against chips: one line per device kind."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("error: --chart_out needs matplotlib: "
+                         "pip install 'resnet_scaling[benchmarks]'") from None
+    matplotlib.use("Agg")  # No display: write the file only.
+    import matplotlib.pyplot as plt
+
+    fig, (time_ax, cost_ax) = plt.subplots(1, 2, figsize=(12, 4.8))
+    kinds = sorted({p.device_kind for p in predictions if p.mlperf.total_sec is not None})
+    for i, kind in enumerate(kinds):
+        rows = sorted((p for p in predictions if p.device_kind == kind and p.mlperf.total_sec is not None),
+                      key=lambda p: p.num_chips)
+        chips = [p.num_chips for p in rows]
+        comp = [p.compensated_mlperf for p in rows]
+        time_ax.plot(chips, [p.mlperf.total_sec / 60 for p in rows], "o--", color=f"C{i}",
+                     label=f"{kind}, {rows[0].step_sec.basis} step")
+        if all(comp):
+            time_ax.plot(chips, [c.total_sec / 60 for c in comp], "o-", color=f"C{i}",
+                         label=f"{kind}, x the TPU factor (derived)")
+        costs = [(p.num_chips, (c or p.mlperf).cost_usd) for p, c in zip(rows, comp, strict=True)]
+        costs = [(n, usd) for n, usd in costs if usd is not None]
+        if costs:
+            basis = rows[0].price.basis if rows[0].price else ""
+            cost_ax.plot(*zip(*costs, strict=True), "o-", color=f"C{i}", label=f"{kind} ({basis} price)")
+    time_ax.set(xscale="log", yscale="log", xlabel="chips", ylabel="minutes to 75.9% (MLPerf's clock)",
+                title="Time to target: dashed uncompensated, solid compensated")
+    cost_ax.set(xscale="log", xlabel="chips", ylabel="USD to 75.9% (MLPerf's clock)",
+                title="Cost to target (compensated where a factor exists)")
+    for ax in (time_ax, cost_ax):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str]) -> None:
     console.configure_command_line_logging()
-    if len(argv) < 2:
-        raise app.UsageError("Give one or more compile reports (python -m resnet_scaling.compile "
-                             "--config=NAME --json_out=NAME.json).")
+    inputs = argv[1:] + ([n for n in config_lib.shipped_config_names() if n not in ("demo", "default")]
+                         if _ALL_CONFIGS.value else [])
+    if not inputs:
+        raise app.UsageError("Give compile reports, summary.json files or configs (or --all_configs).")
+    # A TPU config is compiled here, on the host: never initialise a local accelerator, and do not take
+    # libtpu's single-process lock (a run may be using it).
+    jax.config.update("jax_platforms", "cpu")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
-        prices = dict(parse_price(text) for text in _PRICES.value)
-    except ValueError as e:
+        prices = dict(planning.ASSUMED_PRICES)
+        if _PRICE_TABLE.value:
+            prices.update(load_price_table(_PRICE_TABLE.value))
+        by_system = dict(parse_price(text) for text in _PRICES.value)
+        rate = parse_input_rate(_INPUT_RATE.value) if _INPUT_RATE.value else None
+    except (OSError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
-    predictions, names = [], set()
-    for path in argv[1:]:
+    systems, names = [], []
+    for value in inputs:
         try:
-            report = json.loads(workdir.as_path(path).read_text())
-            # A price names a system by its report's file name ("pod" for pod.json) or by its system name.
-            keys = (workdir.as_path(path).stem, report.get("system", ""))
-            names.update(keys)
-            price = next((prices[key] for key in keys if key in prices), None)
-            predictions.append(planning.predict(report, price))
+            system, keys = load_system(value)
         except (OSError, ValueError, KeyError) as e:
-            raise SystemExit(f"error: {path}: {e}") from None
-    unknown = set(prices) - names
+            raise SystemExit(f"error: {value}: {e}") from None
+        systems.append(system)
+        names.append(keys)
+    unknown = set(by_system) - set().union(*names)
     if unknown:
-        raise SystemExit(f"error: --price names {', '.join(sorted(unknown))}, which no report is for.")
+        raise SystemExit(f"error: --price names {', '.join(sorted(unknown))}, which no input is for.")
+    pod = next((s for s in systems if _is_case_study_pod(s)), None)
+    if _CALIBRATION.value:
+        pod = load_system(_CALIBRATION.value)[0]
+    try:
+        factor = planning.tpu_factor(pod) if pod else None
+    except ValueError as e:
+        raise SystemExit(f"error: --calibration: {e}") from None
+    predictions = []
+    for system, keys in zip(systems, names, strict=True):
+        price = next((by_system[k] for k in keys if k in by_system), None) or planning.price_for(
+            system.device_kind, prices)
+        try:
+            predictions.append(planning.predict(system, factor if system.family == "TPU" else None, price,
+                                                rate))
+        except ValueError as e:
+            raise SystemExit(f"error: {system.name}: {e}") from None
+    predictions = planning.with_scaling_efficiency(predictions)
     print(format_table(predictions))
+    print()
+    print(format_notes(predictions, factor))
     if _JSON_OUT.value:
         workdir.write_text_atomically(_JSON_OUT.value, json.dumps(
-            [dataclasses.asdict(p) for p in predictions], indent=2) + "\n")
+            {"tpu_factor": factor and dataclasses.asdict(factor),
+             "predictions": [dataclasses.asdict(p) for p in predictions]}, indent=2) + "\n")
         logger.info("Wrote %s.", _JSON_OUT.value)
+    if _CHART_OUT.value:
+        plot(predictions, _CHART_OUT.value)
+        logger.info("Wrote %s.", _CHART_OUT.value)
 
 
 if __name__ == "__main__":

@@ -77,6 +77,14 @@ class TrainingSetup:
         compiled = self.train_step.lower(state, batch).compile()
         return compiled, time.perf_counter() - start
 
+    def compile_eval_step(self) -> tuple[Any, float]:
+        """Lowers and compiles the eval step with this setup's state and a shaped evaluation batch; returns
+        (the executable, seconds it took)."""
+        batch = data_lib.shaped_eval_batch(self.plan.batch, self.config.data.image_size, self.mesh)
+        start = time.perf_counter()
+        compiled = self.eval_step.lower(self.state, batch).compile()
+        return compiled, time.perf_counter() - start
+
 
 def setup(config: ml_collections.ConfigDict, *, devices: Sequence[jax.Device] | None = None,
           arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None,

@@ -5,7 +5,6 @@ Needs libtpu (the `tpu` and `test` extras), not a TPU: 'v2:2x2' describes 4 TPU 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pathlib
@@ -29,7 +28,6 @@ from resnet_scaling.analysis import (  # noqa: E402
     aot,
     hardware,
     hlo,
-    planning,
 )
 from resnet_scaling.mesh import DATA_AXIS, DCN_AXIS  # noqa: E402
 from tests.helpers import tiny_config  # noqa: E402
@@ -181,21 +179,38 @@ def test_libtpus_step_time_estimate_is_no_faster_than_the_chips_peak_and_grows_w
         per_device_bn_reports[4])
 
 
-def test_the_planner_reads_a_compile_report_as_the_command_writes_it(per_device_bn_reports, tmp_path):
+def test_the_planner_compiles_a_tpu_config_itself_with_its_evaluation_step(per_device_bn_reports, tmp_path):
     """4 TPU v2 chips, 8 devices, 4 images each: a batch of 32 below MLPerf's smallest reference, whose
-    35 epochs stand; 35 x 64 images / 32 = 70 steps at libtpu's estimate."""
-    report = per_device_bn_reports[4]
-    path = tmp_path / "tiny.json"
-    path.write_text(json.dumps(dataclasses.asdict(report)))
-    result = subprocess.run([sys.executable, "-m", "resnet_scaling.planner", str(path)], cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+    35 epochs stand; 35 x 64 images / 32 = 70 steps at libtpu's estimate of the very step compiled in this
+    process, plus ceil(35 / 4) = 9 evaluation passes of the compiled evaluation step."""
+    in_process = per_device_bn_reports[4]
+    config_file = tmp_path / "tiny_tpu.py"
+    config_file.write_text(
+        "from tests.helpers import tiny_config\n"
+        "def get_config():\n"
+        "    config = tiny_config(data__source='synthetic', data__num_train_examples=64,\n"
+        "                         model__bn_group_size=0, training__global_batch_size=32)\n"
+        f"    config.system.topology = {TOPOLOGY!r}\n"
+        "    config.system.device_kind = 'TPU v2'\n"
+        "    config.system.name = 'tiny v2-8'\n"
+        "    return config\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("XLA_FLAGS", None)
+    result = subprocess.run([sys.executable, "-m", "resnet_scaling.planner", str(config_file),
+                             f"--json_out={tmp_path / 'plan.json'}"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    name = report.system or report.model
-    row = next(line for line in result.stdout.splitlines() if line.startswith(f"| {name} |"))
-    cells = [cell.strip() for cell in row.strip("|").split("|")]
-    assert cells[1:4] == ["4 x TPU v2", "32", "35.0"]
-    assert cells[4] == f"{report.estimated_step_sec * 1e3:,.2f} ms" and cells[7] == "-"
-    assert planning.predict(dataclasses.asdict(report)).steps == 70
+    (prediction,) = json.loads((tmp_path / "plan.json").read_text())["predictions"]
+    assert prediction["step_sec"] == {"value": in_process.estimated_step_sec, "basis": "compiled",
+                                      "note": "libtpu's estimate of the AOT-compiled step"}
+    assert prediction["mlperf"]["epochs"]["value"] == 35.0 and prediction["num_hosts"] == 1
+    assert prediction["mlperf"]["train_sec"] == pytest.approx(70 * in_process.estimated_step_sec)
+    eval_sec = in_process.estimated_eval_step_sec
+    assert prediction["mlperf"]["eval_sec"] == pytest.approx(9 * in_process.eval_steps_per_pass * eval_sec)
+    # An evaluation image runs the forward pass only: cheaper than a training image's forward and backward.
+    assert 0 < eval_sec / in_process.eval_global_batch_size < (
+        in_process.estimated_step_sec / in_process.global_batch_size)
+    assert "| tiny v2-8 | 4 x TPU v2 | 32 |" in result.stdout
 
 
 def test_step_memory_holds_at_least_the_counted_state_batch_and_gradients(per_device_bn_reports):

@@ -41,6 +41,7 @@ class CompileReport:
     device_kind: str
     num_devices: int
     num_chips: int
+    num_hosts: int
     num_slices: int
     model: str
     compute_dtype: str
@@ -59,6 +60,11 @@ class CompileReport:
     # the device's peak (hardware.py): the estimate over the floor is how far from peak it expects to run.
     estimated_step_sec: float | None
     flop_floor_sec: float | None
+    # The evaluation step, compiled the same way (None where not compiled): its batch, the steps of one
+    # pass over the evaluation examples, and libtpu's estimate of one step's time.
+    eval_global_batch_size: int
+    eval_steps_per_pass: int
+    estimated_eval_step_sec: float | None
     collectives: dict[str, dict[str, int]]
     collectives_by_slice: dict[str, dict[str, int]]
     collectives_by_group: list[dict[str, Any]]
@@ -118,10 +124,13 @@ def program_device_slices(hlo_text: str, mesh: jax.sharding.Mesh) -> list[int]:
     return [0] * program_devices if program_devices < len(slices) else slices
 
 
-def build_report(config: ml_collections.ConfigDict, devices: Sequence[jax.Device], topology: str = ""
-                 ) -> CompileReport:
-    """Compiles the train step of `config` for `devices` and gathers memory, FLOPs and collectives."""
+def build_report(config: ml_collections.ConfigDict, devices: Sequence[jax.Device], topology: str = "",
+                 eval_step: bool = True) -> CompileReport:
+    """Compiles the train step of `config` for `devices` and gathers memory, FLOPs and collectives; with
+    `eval_step`, also compiles the evaluation step for libtpu's estimate of its time (the planner's
+    evaluation cost)."""
     compiled, run, compile_sec = compile_train_step(config, devices)
+    eval_sec = metrics.estimated_seconds(run.compile_eval_step()[0]) if eval_step else None
     plan = run.plan
     num_batch_stats = sum(math.prod(x.shape) for x in jax.tree.leaves(run.state.batch_stats))
     hlo_text = compiled.as_text()
@@ -137,6 +146,7 @@ def build_report(config: ml_collections.ConfigDict, devices: Sequence[jax.Device
         device_kind=devices[0].device_kind,
         num_devices=plan.num_devices,
         num_chips=hardware.chip_count(devices),
+        num_hosts=len({d.process_index for d in devices}),
         num_slices=num_slices,
         model=config.model.name,
         compute_dtype=config.model.compute_dtype,
@@ -153,6 +163,9 @@ def build_report(config: ml_collections.ConfigDict, devices: Sequence[jax.Device
         flops_per_step=flops_per_device * plan.num_devices,
         estimated_step_sec=metrics.estimated_seconds(compiled),
         flop_floor_sec=flops_per_device / (peak_tflops * 1e12) if peak_tflops and flops_per_device else None,
+        eval_global_batch_size=plan.batch.eval_global_batch_size,
+        eval_steps_per_pass=plan.eval_steps,
+        estimated_eval_step_sec=eval_sec,
         collectives=hlo.summarize(collectives),
         collectives_by_slice=hlo.summarize_by_slice(collectives, slice_of_device),
         collectives_by_group=hlo.summarize_by_group(collectives, slice_of_device if num_slices > 1 else None),
@@ -173,6 +186,13 @@ def _step_time(report: CompileReport) -> str:
                 f"({report.global_batch_size / report.estimated_step_sec:,.0f})")
     floor = "unknown peak" if report.flop_floor_sec is None else f"{report.flop_floor_sec * 1e3:,.2f} ms"
     return f"{estimate}, {floor}"
+
+
+def _eval_time(report: CompileReport) -> str:
+    sec = report.estimated_eval_step_sec
+    if sec is None:
+        return "none"
+    return f"{sec * 1e3:,.2f} ms ({report.eval_global_batch_size / sec:,.0f} images/sec)"
 
 
 def format_report(report: CompileReport) -> str:
@@ -203,6 +223,8 @@ def format_report(report: CompileReport) -> str:
         f"| FLOPs per device per step | {_flops(report.flops_per_device)} |",
         f"| FLOPs per step (all devices), per image | {_flops(report.flops_per_step)}, {_flops(per_image)} |",
         f"| step time: libtpu's estimate (images/sec), FLOPs at peak | {_step_time(report)} |",
+        f"| evaluation step: global batch, steps per pass, libtpu's estimate | "
+        f"{report.eval_global_batch_size:,}, {report.eval_steps_per_pass}, {_eval_time(report)} |",
     ]
     if multislice:
         for where, network in ((hlo.IN_SLICE, "ICI"), (hlo.CROSS_SLICE, "DCN")):

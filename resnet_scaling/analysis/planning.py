@@ -1,74 +1,313 @@
-"""Time and cost to MLPerf's ResNet-50 target on a system, predicted from its compiled step.
+"""Time and cost to MLPerf's ResNet-50 target on a system, predicted from its compiled (or measured) step.
 
-The model, every figure labelled with where it comes from:
+The model, every figure labelled with its basis (`Figure.basis`):
 
-- epochs to 75.90% top-1 at the system's global batch: MLPerf's reference convergence points
-  (`convergence.py`; "published");
-- steps = ceil(epochs x training images / global batch);
-- step time: libtpu's estimate of the AOT-compiled real step for the system's topology (`aot.py`,
-  `optimal_seconds`; "compiled"), uncompensated: no factor for how far real runs fall short of it (the v2
-  Pod's published 7.9 minutes ran at 72% of it, benchmarks/README.md);
-- time to target = steps x step time: training only, the case study's clock. Evaluation, set-up and the
-  input pipeline's host cores are not modelled yet, so MLPerf's clock (which counts them) is not given;
-- cost = chips x hours x the price per chip-hour the user gives, with its source and date ("given"); none
-  without one.
+- **step time**: for a TPU system, libtpu's estimate (`optimal_seconds`) of the real training step
+  AOT-compiled for its topology (`aot.py`; "compiled"): compute, memory traffic and the step's collectives
+  as libtpu models them on that chip and interconnect. For a system that ran this library, the steady-state
+  step of its `summary.json` ("measured"). A GPU config without a run is "not predicted": no GPU compiler
+  runs on a machine without the GPU.
+- **compensation**: at most one factor per accelerator family, from the case study's own figures only:
+  for TPUs, the published v2 Pod time over the pod's compiled step (`tpu_factor`); the case study's V100
+  figures have no compiled step to divide by, so GPUs get none (their measured rows need none). Every
+  prediction is reported uncompensated and, where a factor exists, compensated.
+- **epochs to 75.90%** at the system's global batch: MLPerf's reference convergence points
+  (`convergence.py`; "published").
+- **the case study's clock**: 90 epochs of training (its recipe trained 90 timed epochs after one warm-up
+  epoch; evaluation, compilation and set-up off the clock): 90 x training images / batch steps.
+- **MLPerf's clock** (run_start to run_stop): training for the epochs to the target, plus an evaluation
+  of the 50,000 validation images every 4 epochs (`ceil(epochs / 4)` passes at the compiled or measured
+  evaluation step). MLPerf times neither initialisation nor compilation (init_start to init_stop, before
+  run_start), so no set-up time is added.
+- **scaling efficiency**: images/sec per chip over that of the smallest system of the same device kind in
+  the same plan ("derived").
+- **input pipeline**: host CPU cores each host needs to preprocess its share of images/sec, at a
+  per-core rate the user gives (`benchmarks/input_pipeline.py` measures one); a check, not a bound: the
+  step time does not include it.
+- **cost** = chips x hours x price per chip-hour, on each clock, at a price with its source and date.
+
+Nothing here is fitted to the published results the predictions are checked against
+(`benchmarks/planner_checks.py`): the one TPU factor comes from the case study's pod alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from resnet_scaling.analysis import convergence
 
+CASE_STUDY_EPOCHS = 90  # The case study's timed epochs (after one warm-up epoch), at 76% top-1.
+MLPERF_EVAL_EVERY_EPOCHS = 4  # MLPerf's rules for ResNet-50: an evaluation every 4 epochs ...
+MLPERF_EVAL_EXAMPLES = 50_000  # ... over the whole validation set.
+IMAGENET_TRAIN_EXAMPLES = 1_281_167
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishedRun:
+    """A published training time: the case study's pod, the one figure the TPU factor comes from."""
+
+    system: str
+    device_kind: str
+    global_batch: int
+    epochs: float
+    minutes: float
+    source: str
+
+    @property
+    def step_sec(self) -> float:
+        """Seconds per step the published time implies over its epochs (derived)."""
+        return self.minutes * 60 / (self.epochs * IMAGENET_TRAIN_EXAMPLES / self.global_batch)
+
+
+CASE_STUDY_POD = PublishedRun(
+    system="Cloud TPU v2 Pod (v2-512)", device_kind="TPU v2", global_batch=32_768, epochs=CASE_STUDY_EPOCHS,
+    minutes=7.9,
+    source="the case study: 7.9 minutes for 90 epochs on 256 chips (Google Cloud blog, Dec 2018)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Figure:
+    """A number and where it comes from: basis is "compiled", "measured", "published", "derived",
+    "assumed", "given" or "not predicted" (then value is None)."""
+
+    value: float | None
+    basis: str
+    note: str = ""
+
+
+NOT_PREDICTED = Figure(None, "not predicted")
+
 
 @dataclasses.dataclass(frozen=True)
 class Price:
-    """A price per chip-hour in US dollars, with where and when it was read."""
+    """A price per chip-hour in US dollars, with where and when it was read ("given" by the user, or
+    "assumed" where no price page confirms it)."""
 
     usd_per_chip_hour: float
     source: str
+    date: str = ""
+    basis: str = "given"
+
+
+# The case study's prices, as docs/case_study.md gives them: no price page confirms them ("assumed").
+ASSUMED_PRICES: Mapping[str, Price] = {
+    "TPU v2": Price(1.50, "the full v2 Pod at $384/h over 256 chips (docs/case_study.md)", "2018-12",
+                    "assumed"),
+    "V100": Price(2.48, "a V100 on GCP, 2018 list (docs/case_study.md); the VM not included", "2018-12",
+                  "assumed"),
+}
+
+
+def price_for(device_kind: str, prices: Mapping[str, Price]) -> Price | None:
+    """The price of the longest key of `prices` that `device_kind` contains (case-insensitive), or None."""
+    kind = device_kind.lower()
+    keys = sorted((k for k in prices if k.lower() in kind), key=len, reverse=True)
+    return prices[keys[0]] if keys else None
+
+
+@dataclasses.dataclass(frozen=True)
+class System:
+    """What the planner needs of one system, from a compile report, a summary.json or a config alone.
+
+    Attributes:
+      name: the system's name (config.system.name).
+      device_kind: as JAX names the devices ("TPU v2", "NVIDIA H200").
+      num_chips: accelerator chips (a TPU v2 or v3 chip is 2 JAX devices).
+      num_hosts: host machines (each preprocesses its share of the input); 0 if unknown.
+      global_batch: images per training step.
+      step_sec: one training step: compiled, measured or not predicted.
+      eval_pass_sec: one evaluation pass over the validation set: compiled, measured or not predicted.
+      num_train_examples: images per epoch.
+    """
+
+    name: str
+    device_kind: str
+    num_chips: int
+    num_hosts: int
+    global_batch: int
+    step_sec: Figure
+    eval_pass_sec: Figure
+    num_train_examples: int = IMAGENET_TRAIN_EXAMPLES
+
+    @property
+    def family(self) -> str:
+        """"TPU" or "GPU": the accelerator family a compensation factor covers."""
+        return "TPU" if "tpu" in self.device_kind.lower() else "GPU"
+
+
+def system_from_report(report: Mapping[str, Any]) -> System:
+    """A system from a compile report (`python -m resnet_scaling.compile --json_out`, `aot.CompileReport`)."""
+    step = report.get("estimated_step_sec")
+    eval_step = report.get("estimated_eval_step_sec")
+    passes = report.get("eval_steps_per_pass")
+    return System(
+        name=report.get("system") or report.get("model", "?"), device_kind=report["device_kind"],
+        num_chips=int(report["num_chips"]), num_hosts=int(report.get("num_hosts") or 0),
+        global_batch=int(report["global_batch_size"]),
+        step_sec=Figure(step, "compiled", "libtpu's estimate of the AOT-compiled step") if step
+        else Figure(None, "not predicted", "the compiler gave no estimate"),
+        eval_pass_sec=Figure(eval_step * passes, "compiled", f"{passes} steps of libtpu's estimate")
+        if eval_step and passes else Figure(None, "not predicted", "no compiled evaluation step"),
+        num_train_examples=int(report["num_train_examples"]))
+
+
+def system_from_summary(summary: Mapping[str, Any]) -> System:
+    """A system from a run's `summary.json`: its steady-state step and evaluation time (measured)."""
+    run, throughput, times = summary["run"], summary["throughput"], summary["time"]
+    config = summary.get("config", {})
+    rate = throughput.get("images_per_sec")
+    evals = (summary.get("accuracy") or {}).get("num_evals") or 0
+    kind = run["device_kind"]
+    per_chip = 2 if any(t in kind for t in ("TPU v2", "TPU v3")) else 1
+    return System(
+        name=config.get("system", {}).get("name") or f"{run['devices']} x {kind}", device_kind=kind,
+        num_chips=max(1, run["devices"] // per_chip), num_hosts=int(run.get("process_count") or 0),
+        global_batch=int(run["global_batch_size"]),
+        step_sec=Figure(run["global_batch_size"] / rate, "measured", "summary.json: steady-state images/sec")
+        if rate else Figure(None, "not predicted", "the summary has no steady-state images/sec"),
+        eval_pass_sec=Figure(times["eval_sec"] / evals, "measured", f"summary.json: {evals} evaluations")
+        if evals and times.get("eval_sec") else Figure(None, "not predicted", "no evaluation in the run"),
+        num_train_examples=int(config.get("data", {}).get("num_train_examples") or IMAGENET_TRAIN_EXAMPLES))
+
+
+def system_from_config(config: Any) -> System:
+    """A system from a config alone (a GPU config without a run): batch and epochs, no step time."""
+    kind = config.system.device_kind or "?"
+    devices = int(config.mesh.num_devices)
+    per_chip = 2 if any(t in kind for t in ("TPU v2", "TPU v3")) else 1
+    why = ("no GPU compiler runs without the GPU: pass a summary.json of a run on it" if "tpu" not in
+           kind.lower() else "pass its compile report (python -m resnet_scaling.compile)")
+    return System(name=config.system.name or "?", device_kind=kind, num_chips=max(1, devices // per_chip),
+                  num_hosts=0, global_batch=int(config.training.global_batch_size),
+                  step_sec=Figure(None, "not predicted", why),
+                  eval_pass_sec=Figure(None, "not predicted", why),
+                  num_train_examples=int(config.data.num_train_examples))
+
+
+def tpu_factor(pod: System, published: PublishedRun = CASE_STUDY_POD) -> Figure:
+    """The TPU family's factor: the published pod's step time over the pod's compiled step time.
+
+    Raises:
+      ValueError: `pod` is not the published run's system (another device kind or batch), or has no step.
+    """
+    if pod.device_kind != published.device_kind or pod.global_batch != published.global_batch:
+        raise ValueError(f"{pod.name}: a {pod.device_kind} system at batch {pod.global_batch:,}, not the "
+                         f"published {published.system} ({published.device_kind}, "
+                         f"{published.global_batch:,})")
+    if pod.step_sec.value is None or pod.step_sec.basis != "compiled":
+        raise ValueError(f"{pod.name}: no compiled step time to calibrate on.")
+    factor = published.step_sec / pod.step_sec.value
+    return Figure(factor, "derived", f"{published.source}: {published.step_sec * 1e3:.1f} ms a step over the "
+                  f"compiled {pod.step_sec.value * 1e3:.1f} ms ({1 / factor:.0%} of libtpu's estimate)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Clock:
+    """Seconds to the target on one clock, and its cost; None where not predicted."""
+
+    epochs: Figure
+    train_sec: float | None
+    eval_sec: float | None
+    total_sec: float | None
+    cost_usd: float | None
 
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
-    """One system's predicted time and cost to the target; None where a figure is not predicted."""
+    """One system's prediction: uncompensated, and compensated where its family has a factor."""
 
     system: str
     device_kind: str
     num_chips: int
+    num_hosts: int
     global_batch: int
-    epochs: float
-    epochs_source: str
-    steps: int
-    step_sec: float | None
-    step_source: str
+    step_sec: Figure
+    factor: Figure | None
+    compensated_step_sec: Figure | None
     images_per_sec: float | None
-    train_sec: float | None
-    cost_usd: float | None
-    price_source: str | None
+    compensated_images_per_sec: float | None
+    scaling_efficiency: Figure | None
+    case_study: Clock
+    mlperf: Clock
+    compensated_case_study: Clock | None
+    compensated_mlperf: Clock | None
+    price: Price | None
+    host_cores_needed: Figure | None
 
 
-def predict(report: Mapping[str, Any], price: Price | None = None) -> Prediction:
-    """The prediction for one compile report (`aot.CompileReport` as a dict: the compile command's JSON).
+def _clock(system: System, epochs: Figure, step_sec: float | None, eval_pass_sec: float | None,
+           price: Price | None, with_eval: bool) -> Clock:
+    steps = math.ceil(epochs.value * system.num_train_examples / system.global_batch)
+    train = steps * step_sec if step_sec else None
+    passes = math.ceil(epochs.value / MLPERF_EVAL_EVERY_EPOCHS)
+    evaluation = (passes * eval_pass_sec if eval_pass_sec else None) if with_eval else 0.0
+    total = train + evaluation if train is not None and evaluation is not None else None
+    cost = system.num_chips * total / 3600 * price.usd_per_chip_hour if price and total is not None else None
+    return Clock(epochs, train, evaluation if with_eval else None, total, cost)
+
+
+def predict(system: System, factor: Figure | None = None, price: Price | None = None,
+            input_images_per_sec_per_core: Figure | None = None,
+            epochs_override: Figure | None = None) -> Prediction:
+    """The prediction for one system; `factor` compensates its step times (the family's, or None).
+
+    Args:
+      epochs_override: epochs to the target on MLPerf's clock instead of MLPerf's reference runs' (a
+        published run's own, to check the step-time model apart from the epochs).
 
     Raises:
       ValueError: a global batch above MLPerf's largest reference (no epochs to the target).
     """
-    batch = int(report["global_batch_size"])
-    epochs = convergence.epochs_to_target(batch)
-    steps = math.ceil(epochs.epochs * int(report["num_train_examples"]) / batch)
-    step_sec = report.get("estimated_step_sec")
-    train_sec = steps * step_sec if step_sec else None
-    chips = int(report["num_chips"])
+    if epochs_override is None:
+        rcp = convergence.epochs_to_target(system.global_batch)
+        mlperf_epochs = Figure(rcp.epochs, "published", f"MLPerf's reference runs: {rcp.source}")
+    else:
+        mlperf_epochs = epochs_override
+    case_epochs = Figure(CASE_STUDY_EPOCHS, "published", "the case study's 90 timed epochs")
+    step, eval_pass = system.step_sec.value, system.eval_pass_sec.value
+    scale = factor.value if factor else None
+    comp_step = step * scale if step and scale else None
+    comp_eval = eval_pass * scale if eval_pass and scale else None
+    rate = system.global_batch / step if step else None
+    comp_rate = system.global_batch / comp_step if comp_step else None
+    cores = None
+    if input_images_per_sec_per_core and system.num_hosts and (comp_rate or rate):
+        per_host = (comp_rate or rate) / system.num_hosts
+        core = input_images_per_sec_per_core
+        cores = Figure(per_host / core.value, "derived", f"{per_host:,.0f} images/sec per host at "
+                       f"{core.value:,.0f} per core ({core.basis}: {core.note})")
+    compensated = factor is not None and comp_step is not None
     return Prediction(
-        system=report.get("system") or report.get("model", "?"), device_kind=report["device_kind"],
-        num_chips=chips, global_batch=batch, epochs=epochs.epochs,
-        epochs_source=f"published: MLPerf's reference runs, {epochs.source}", steps=steps,
-        step_sec=step_sec,
-        step_source="compiled: libtpu's estimate" if step_sec else "not predicted: no compiler estimate",
-        images_per_sec=batch / step_sec if step_sec else None, train_sec=train_sec,
-        cost_usd=chips * train_sec / 3600 * price.usd_per_chip_hour if price and train_sec else None,
-        price_source=f"given: {price.source}" if price else None)
+        system=system.name, device_kind=system.device_kind, num_chips=system.num_chips,
+        num_hosts=system.num_hosts, global_batch=system.global_batch, step_sec=system.step_sec,
+        factor=factor if compensated else None,
+        compensated_step_sec=Figure(comp_step, "derived", "the compiled step x the family's factor")
+        if compensated else None,
+        images_per_sec=rate, compensated_images_per_sec=comp_rate, scaling_efficiency=None,
+        case_study=_clock(system, case_epochs, step, eval_pass, price, with_eval=False),
+        mlperf=_clock(system, mlperf_epochs, step, eval_pass, price, with_eval=True),
+        compensated_case_study=_clock(system, case_epochs, comp_step, comp_eval, price, with_eval=False)
+        if compensated else None,
+        compensated_mlperf=_clock(system, mlperf_epochs, comp_step, comp_eval, price, with_eval=True)
+        if compensated else None,
+        price=price, host_cores_needed=cores)
+
+
+def with_scaling_efficiency(predictions: Sequence[Prediction]) -> list[Prediction]:
+    """`predictions` with each one's images/sec per chip over the smallest system's of its device kind."""
+    smallest: dict[str, Prediction] = {}
+    for p in sorted(predictions, key=lambda p: p.num_chips):
+        if p.images_per_sec:
+            smallest.setdefault(p.device_kind, p)
+    out = []
+    for p in predictions:
+        ref = smallest.get(p.device_kind)
+        efficiency = None
+        if p.images_per_sec and ref is not None:
+            value = (p.images_per_sec / p.num_chips) / (ref.images_per_sec / ref.num_chips)
+            efficiency = Figure(value, "derived", f"per chip, over {ref.system} ({ref.num_chips} chips)")
+        out.append(dataclasses.replace(p, scaling_efficiency=efficiency))
+    return out

@@ -26,6 +26,7 @@ from resnet_scaling.data.base import (
     pad_batch,
     prefetch,
     process_share,
+    shaped_eval_batch,
     shaped_train_batch,
 )
 from resnet_scaling.data.shapes import make_shapes, shapes_folder
@@ -34,7 +35,7 @@ from resnet_scaling.host import tf_import
 
 __all__ = ["DATA_SOURCES", "MLPERF_CROP_AREA_RANGE", "RESIZE_METHODS", "ArraySource", "DataError",
            "DataSource", "SyntheticSource", "create_data_source", "make_shapes", "pad_batch", "prefetch",
-           "process_share", "shapes_folder", "shaped_train_batch"]
+           "process_share", "shapes_folder", "shaped_eval_batch", "shaped_train_batch"]
 
 # The values `config.data.source` accepts (config.validate reads them); see create_data_source.
 DATA_SOURCES = ("tfds", "folders", "shapes", "synthetic", "arrays")

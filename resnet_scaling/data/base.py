@@ -22,7 +22,7 @@ from resnet_scaling.errors import RunError
 from resnet_scaling.plan import BatchPlan
 
 __all__ = ["MLPERF_CROP_AREA_RANGE", "RESIZE_METHODS", "Batch", "DataError", "DataSource", "pad_batch",
-           "prefetch", "process_share", "shaped_train_batch"]
+           "prefetch", "process_share", "shaped_eval_batch", "shaped_train_batch"]
 
 Batch = dict[str, jax.Array]
 
@@ -91,3 +91,12 @@ def shaped_train_batch(batch: BatchPlan, image_size: int, mesh: Mesh) -> dict[st
     size = batch.global_batch_size
     return {"images": jax.ShapeDtypeStruct((size, image_size, image_size, 3), jnp.uint8, sharding=sharding),
             "labels": jax.ShapeDtypeStruct((size,), jnp.int32, sharding=sharding)}
+
+
+def shaped_eval_batch(batch: BatchPlan, image_size: int, mesh: Mesh) -> dict[str, jax.ShapeDtypeStruct]:
+    """The evaluation batch every source yields (`pad_batch`'s `mask` included), as ShapeDtypeStructs."""
+    sharding = mesh_lib.batch_sharding(mesh)
+    size = batch.eval_global_batch_size
+    return {"images": jax.ShapeDtypeStruct((size, image_size, image_size, 3), jnp.uint8, sharding=sharding),
+            "labels": jax.ShapeDtypeStruct((size,), jnp.int32, sharding=sharding),
+            "mask": jax.ShapeDtypeStruct((size,), jnp.bool_, sharding=sharding)}
