@@ -1,7 +1,7 @@
 """The planner against published results it was not fitted to: each prediction beside the published time.
 
   python benchmarks/planner_checks.py --reports_dir=/tmp/plan   # compiles the reports it lacks (minutes each)
-  python benchmarks/planner_checks.py --extract_from=PATH/training_results_v0.6  # re-derive the published
+  python benchmarks/planner_checks.py --extract_from PATH/training_results_v0.6 PATH/training_results_v1.0
 
 The published results (`published_results.json`, beside this file) are MLPerf submissions' own logs, read
 by `parse_mlperf_result`: run_start to run_stop (MLPerf's clock: training and evaluation, no
@@ -37,11 +37,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
 PUBLISHED = Path(__file__).resolve().parent / "published_results.json"
-_LINE = re.compile(r":::MLL (?P<ts>[0-9.]+) (?P<key>\w+): (?P<json>.*)")
+_LINE_V06 = re.compile(r":::MLL (?P<ts>[0-9.]+) (?P<key>\w+): (?P<json>.*)")
+
+
+def _entries(text: str) -> list[tuple[float, str, dict[str, Any]]]:
+    """(seconds, key, {"value", "metadata"}) of each log line: v0.6's `:::MLL <time> <key>: <json>` or
+    mllog's `:::MLLOG <json>` (v0.7 on)."""
+    entries = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith(":::MLLOG "):
+            entry = json.loads(line[len(":::MLLOG "):])
+            entries.append((entry["time_ms"] / 1000, entry["key"], entry))
+        elif match := _LINE_V06.match(line):
+            entries.append((float(match["ts"]), match["key"], json.loads(match["json"])))
+    return entries
 
 
 def parse_mlperf_result(text: str) -> dict[str, Any]:
-    """The figures of one MLPerf result file (`:::MLL <time> <key>: <json>` lines, v0.6's format).
+    """The figures of one MLPerf result file (either log format, `_entries`).
 
     Returns:
       run_sec (run_start to run_stop), epochs (epoch_num of the last evaluation), top1 (its accuracy),
@@ -52,15 +66,10 @@ def parse_mlperf_result(text: str) -> dict[str, Any]:
     """
     first: dict[str, tuple[float, Any]] = {}
     evals = []
-    for line in text.splitlines():
-        match = _LINE.match(line.strip())
-        if not match:
-            continue
-        entry = json.loads(match["json"])
-        stamp = float(match["ts"])
-        if match["key"] == "eval_accuracy":
+    for stamp, key, entry in _entries(text):
+        if key == "eval_accuracy":
             evals.append((entry["metadata"]["epoch_num"], entry["value"]))
-        first.setdefault(match["key"], (stamp, entry))
+        first.setdefault(key, (stamp, entry))
     missing = [k for k in ("run_start", "run_stop", "global_batch_size") if k not in first]
     if missing or not evals:
         raise ValueError(f"not an MLPerf result: no {', '.join(missing) or 'eval_accuracy'}")
@@ -77,41 +86,44 @@ def olympic_mean(values: Sequence[float]) -> float:
     return statistics.fmean(ordered[1:-1])
 
 
-# The MLPerf v0.6 TPU v3 submissions: platform -> (chips, topology). A v3 chip has 2 cores ("v3-32": 32
-# cores, 16 chips); the slices are 2-D tori of chips.
-V06_TPU_V3 = {"tpu-v3-32": (16, "v3:4x4"), "tpu-v3-128": (64, "v3:8x8"), "tpu-v3-256": (128, "v3:8x16"),
-              "tpu-v3-512": (256, "v3:16x16"), "tpu-v3-1024": (512, "v3:16x32"),
-              "tpu-v3-2048": (1024, "v3:32x32")}
+# Google's TPU submissions, by MLPerf round: results folder -> (device kind, chips, topology). A slice is
+# named by its cores ("v3-32": 32 cores, 16 chips; "v4-128": 64 chips); v2 and v3 slices are 2-D tori of
+# chips, v4 slices 3-D.
+SUBMISSIONS = {
+    "v0.6": {"tpu-v3-32": ("TPU v3", 16, "v3:4x4"), "tpu-v3-128": ("TPU v3", 64, "v3:8x8"),
+             "tpu-v3-256": ("TPU v3", 128, "v3:8x16"), "tpu-v3-512": ("TPU v3", 256, "v3:16x16"),
+             "tpu-v3-1024": ("TPU v3", 512, "v3:16x32"), "tpu-v3-2048": ("TPU v3", 1024, "v3:32x32")},
+    "v1.0": {"tpu-v4-128-TF": ("TPU v4", 64, "v4:4x4x4")},
+}
 
 
-def extract(repo: Path) -> list[dict[str, Any]]:
-    """The published_results.json entries from a clone of mlcommons/training_results_v0.6."""
+def extract(repo: Path, mlperf_round: str) -> list[dict[str, Any]]:
+    """The published_results.json entries from a clone of mlcommons/training_results_<round>."""
     commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
                             check=True).stdout.strip()
     entries = []
-    for platform, (chips, topology) in V06_TPU_V3.items():
+    for platform, (kind, chips, topology) in SUBMISSIONS[mlperf_round].items():
         paths = [f"Google/results/{platform}/resnet/result_{i}.txt" for i in range(5)]
         runs = [parse_mlperf_result(subprocess.run(["git", "-C", str(repo), "show", f"HEAD:{p}"],
                                                    capture_output=True, text=True, check=True).stdout)
                 for p in paths]
         entries.append({
-            "name": f"MLPerf v0.6, Google, {platform}", "clock": "mlperf", "device_kind": "TPU v3",
+            "name": f"MLPerf {mlperf_round}, Google, {platform}", "clock": "mlperf", "device_kind": kind,
             "num_chips": chips, "topology": topology, "global_batch": runs[0]["global_batch"],
             "bn_span": runs[0]["bn_span"], "epochs": [r["epochs"] for r in runs],
             "minutes": [round(r["run_sec"] / 60, 3) for r in runs],
             "score_minutes": round(olympic_mean([r["run_sec"] / 60 for r in runs]), 3),
-            "source": f"mlcommons/training_results_v0.6 at {commit[:12]}: {paths[0][:-5]}[0-4].txt"})
+            "source": f"mlcommons/training_results_{mlperf_round} at {commit[:12]}: "
+                      f"{paths[0][:-5]}[0-4].txt"})
     return entries
 
 
 def compile_args(entry: Mapping[str, Any]) -> list[str]:
     """`python -m resnet_scaling.compile` flags for a published system: the pod config (ResNet-50,
-    bfloat16, LARS) with the submission's topology, batch and BN span."""
-    per_chip = 2 if entry["device_kind"] in ("TPU v2", "TPU v3") else 1
+    bfloat16, LARS) with the submission's topology (all its devices), batch and BN span."""
     batch = entry["global_batch"]
     return ["--config=pod", f"--config.system.topology={entry['topology']}",
-            f"--config.system.device_kind={entry['device_kind']}",
-            f"--config.mesh.num_devices={entry['num_chips'] * per_chip}",
+            f"--config.system.device_kind={entry['device_kind']}", "--config.mesh.num_devices=-1",
             f"--config.training.global_batch_size={batch}", f"--config.eval.global_batch_size={batch}",
             f"--config.model.bn_group_size={entry['bn_span']}", f"--config.system.name={entry['name']}"]
 
@@ -169,12 +181,18 @@ def main(argv: list[str]) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--reports_dir", default="/tmp/plan",
                    help="Compile reports: read, or written when missing.")
-    p.add_argument("--extract_from", default=None, help="A clone of mlcommons/training_results_v0.6: rewrite "
-                   f"{PUBLISHED.name} from its logs and stop.")
+    p.add_argument("--extract_from", nargs="*", default=[],
+                   help="Clones of mlcommons/training_results_v0.6 and _v1.0 (the round read from the path): "
+                        f"rewrite {PUBLISHED.name} from their logs and stop.")
     harness.add_flags(p, repeats=1, json_out="benchmarks/results/planner_checks.json")
     args = p.parse_args(argv)
     if args.extract_from:
-        entries = extract(Path(args.extract_from))
+        entries = []
+        for path in args.extract_from:
+            mlperf_round = next((r for r in SUBMISSIONS if f"_{r}" in path), None)
+            if mlperf_round is None:
+                p.error(f"--extract_from {path}: name a clone of training_results_{'/'.join(SUBMISSIONS)}.")
+            entries += extract(Path(path), mlperf_round)
         PUBLISHED.write_text(json.dumps(entries, indent=2) + "\n")
         print(f"Wrote {PUBLISHED} ({len(entries)} systems)")
         return {"published": entries}

@@ -111,7 +111,9 @@ def load_system(value: str) -> tuple[planning.System, set[str]]:
     path = workdir.as_path(value)
     if path.is_dir():
         path = path / "summary.json"
-    if path.suffix == ".json" and path.is_file():
+    if path.suffix == ".json":
+        if not path.is_file():
+            raise FileNotFoundError(f"no such file: {path}")
         data = json.loads(path.read_text())
         if "run" in data and "throughput" in data:
             system = planning.system_from_summary(data)
@@ -123,12 +125,6 @@ def load_system(value: str) -> tuple[planning.System, set[str]]:
     if config.system.topology:
         return planning.system_from_report(_compile_report(config)), {name, config.system.name}
     return planning.system_from_config(config), {name, config.system.name}
-
-
-def _is_case_study_pod(system: planning.System) -> bool:
-    pod = planning.CASE_STUDY_POD
-    return (system.device_kind == pod.device_kind and system.global_batch == pod.global_batch
-            and system.num_chips == 256 and system.step_sec.basis == "compiled")
 
 
 def _pair(uncompensated: float | None, compensated: float | None, fmt: Any) -> str:
@@ -258,7 +254,8 @@ def main(argv: list[str]) -> None:
     unknown = set(by_system) - set().union(*names)
     if unknown:
         raise SystemExit(f"error: --price names {', '.join(sorted(unknown))}, which no input is for.")
-    pod = next((s for s in systems if _is_case_study_pod(s)), None)
+    pod = next((s for s in systems
+                if planning.CASE_STUDY_POD.is_system_of(s) and s.step_sec.basis == "compiled"), None)
     if _CALIBRATION.value:
         pod = load_system(_CALIBRATION.value)[0]
     try:

@@ -139,4 +139,8 @@ def test_the_command_prints_compensated_rows_writes_json_and_a_chart(tmp_path):
     refused = subprocess.run([sys.executable, "-m", "resnet_scaling.planner", str(tmp_path / "pod.json"),
                               "--price=v100=3:x"], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 1 and "error: --price names v100, which no input is for." in refused.stderr
+    missing = subprocess.run([sys.executable, "-m", "resnet_scaling.planner", str(tmp_path / "none.json"),
+                              "no_such_config"], capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 1
+    assert missing.stderr.strip().endswith(f"no such file: {tmp_path / 'none.json'}")
     assert math.isfinite(written["tpu_factor"]["value"])

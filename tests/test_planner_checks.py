@@ -3,6 +3,7 @@ against its source's own scores, and a prediction's errors worked out by hand.""
 
 import importlib.util
 import json
+import math
 import pathlib
 import sys
 
@@ -38,6 +39,18 @@ def test_a_result_file_gives_mlperfs_clock_the_epochs_and_the_batch():
         planner_checks.parse_mlperf_result(RESULT.replace("run_stop", "other"))
 
 
+def test_mllogs_json_lines_read_the_same():
+    """mllog's format (MLPerf v0.7 on): one JSON object a line, times in milliseconds."""
+    lines = []
+    for line in RESULT.splitlines():
+        if line.startswith(":::MLL "):
+            _, stamp, rest = line.split(" ", 2)
+            key, _, body = rest.partition(": ")
+            lines.append(":::MLLOG " + json.dumps({"namespace": "", "time_ms": int(float(stamp) * 1000),
+                                                   "key": key, **json.loads(body)}))
+    assert planner_checks.parse_mlperf_result("\n".join(lines)) == planner_checks.parse_mlperf_result(RESULT)
+
+
 def test_the_score_drops_the_fastest_and_the_slowest_of_five():
     assert planner_checks.olympic_mean([5.0, 1.0, 3.0, 2.0, 4.0]) == 3.0
 
@@ -46,13 +59,13 @@ def test_the_published_results_are_mlperfs_own_scores():
     """Google announced its MLPerf v0.6 ResNet-50 result on a TPU v3-2048 as 1.28 minutes (Google Cloud
     blog, July 2019): the score re-derived from the logs must match, and every score is its five runs'."""
     entries = {e["name"]: e for e in json.loads(planner_checks.PUBLISHED.read_text())}
-    assert len(entries) == 6
+    assert len(entries) == 7
     assert entries["MLPerf v0.6, Google, tpu-v3-2048"]["score_minutes"] == pytest.approx(1.28, abs=0.005)
     for e in entries.values():
         assert e["score_minutes"] == pytest.approx(planner_checks.olympic_mean(e["minutes"]), abs=1e-3)
-        assert e["num_chips"] * 2 == int(e["name"].rsplit("-", 1)[1])  # A v3 chip has 2 cores.
-        rows, cols = map(int, e["topology"].removeprefix("v3:").split("x"))
-        assert rows * cols == e["num_chips"]
+        cores = int(e["name"].split("tpu-")[1].split("-")[1])
+        assert e["num_chips"] * 2 == cores  # A slice is named by its cores: 2 per v3 or v4 chip.
+        assert math.prod(map(int, e["topology"].split(":")[1].split("x"))) == e["num_chips"]
 
 
 def test_compile_flags_put_the_submissions_system_into_the_pod_config():
@@ -60,7 +73,7 @@ def test_compile_flags_put_the_submissions_system_into_the_pod_config():
              "topology": "v3:4x4", "global_batch": 4096, "bn_span": 128}
     assert planner_checks.compile_args(entry) == [
         "--config=pod", "--config.system.topology=v3:4x4", "--config.system.device_kind=TPU v3",
-        "--config.mesh.num_devices=32", "--config.training.global_batch_size=4096",
+        "--config.mesh.num_devices=-1", "--config.training.global_batch_size=4096",
         "--config.eval.global_batch_size=4096", "--config.model.bn_group_size=128",
         "--config.system.name=MLPerf v0.6, Google, tpu-v3-32"]
 

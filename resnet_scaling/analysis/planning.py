@@ -51,10 +51,16 @@ class PublishedRun:
 
     system: str
     device_kind: str
+    num_chips: int
     global_batch: int
     epochs: float
     minutes: float
     source: str
+
+    def is_system_of(self, system: System) -> bool:
+        """Whether `system` is this run's hardware and batch (what a factor from it may be computed on)."""
+        return (system.device_kind == self.device_kind and system.num_chips == self.num_chips
+                and system.global_batch == self.global_batch)
 
     @property
     def step_sec(self) -> float:
@@ -63,7 +69,8 @@ class PublishedRun:
 
 
 CASE_STUDY_POD = PublishedRun(
-    system="Cloud TPU v2 Pod (v2-512)", device_kind="TPU v2", global_batch=32_768, epochs=CASE_STUDY_EPOCHS,
+    system="Cloud TPU v2 Pod (v2-512)", device_kind="TPU v2", num_chips=256, global_batch=32_768,
+    epochs=CASE_STUDY_EPOCHS,
     minutes=7.9,
     source="the case study: 7.9 minutes for 90 epochs on 256 chips (Google Cloud blog, Dec 2018)")
 
@@ -193,10 +200,10 @@ def tpu_factor(pod: System, published: PublishedRun = CASE_STUDY_POD) -> Figure:
     Raises:
       ValueError: `pod` is not the published run's system (another device kind or batch), or has no step.
     """
-    if pod.device_kind != published.device_kind or pod.global_batch != published.global_batch:
-        raise ValueError(f"{pod.name}: a {pod.device_kind} system at batch {pod.global_batch:,}, not the "
-                         f"published {published.system} ({published.device_kind}, "
-                         f"{published.global_batch:,})")
+    if not published.is_system_of(pod):
+        raise ValueError(f"{pod.name}: {pod.num_chips} x {pod.device_kind} at batch {pod.global_batch:,}, "
+                         f"not the published {published.system} ({published.num_chips} x "
+                         f"{published.device_kind} at {published.global_batch:,})")
     if pod.step_sec.value is None or pod.step_sec.basis != "compiled":
         raise ValueError(f"{pod.name}: no compiled step time to calibrate on.")
     factor = published.step_sec / pod.step_sec.value
