@@ -3,6 +3,7 @@
   python benchmarks/case_study.py --summaries RUN1/summary.json RUN2 ... --out_dir /tmp/report
   python benchmarks/case_study.py --prices my_prices.json   # another price table (same shape as PRICES)
   python benchmarks/case_study.py --tpu_v2_chip_images_per_sec 900   # a measured one-chip TPU v2 rate
+  python benchmarks/case_study.py --compile_reports /tmp/plan/{tpu_v2_8,tpu_v2_32,pod}.json  # other reports
 
 Rows come from `summary.json` files ("measured": steady-state images/sec, 90 epochs at that rate) and
 the case study's published figures ("published"; `docs/case_study.md`). Whatever the case study did not
@@ -25,9 +26,11 @@ the gradient all-reduce over a ring or 2-D torus (bandwidth-latency model, no ov
 not a bound either way: overlap would make a real system faster, and the host, input-pipeline and
 framework costs it leaves out make one slower (the published 8-V100 VM: 91% efficiency; predicted: 99%).
 No curve takes an input from a point it is compared with. The V100 curve starts from the one-V100 row and
-is compared at 8 GPUs. The TPU v2 curve starts from FLOPs per image (XLA's count of this library's step,
-in the pod's compile report) over the chip's 45 TFLOP/s bf16 peak at an assumed utilisation, or from a
-measured one-chip rate; its 256-chip value is compared with the published pod, not calibrated on it.
+is compared at 8 GPUs. The TPU v2 curve is the planner's (`resnet_scaling.analysis.planning`): the
+images/sec of each v2 config's AOT-compiled step by libtpu's own estimate (`python -m
+resnet_scaling.compile`; `results/compile/`), uncompensated, at 4, 16, 64, 128 and 256 chips; its 256-chip
+value is compared with the published pod, not calibrated on it. With a measured one-chip rate
+(--tpu_v2_chip_images_per_sec) it is that rate scaled by the all-reduce model instead.
 """
 
 from __future__ import annotations
@@ -43,25 +46,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from resnet_scaling.analysis import planning
+
 IMAGENET_TRAIN_IMAGES = 1_281_167
 MEASURED_EPOCHS = 90  # The case study's clock covers 90 epochs after a 1-epoch warm-up.
 RESNET50_PARAMS = 25_557_032
 RESULTS = Path(__file__).resolve().parent / "results"
-# XLA's cost analysis of this library's ResNet-50 step for the pod (`python -m resnet_scaling.compile`):
-# FLOPs per step over the global batch = FLOPs per training image (24.1 G; ~24.5 G published).
-FLOPS_REPORT = RESULTS / "compile-pod-v2-512-resnet50-bf16-b32768.json"
-TPU_V2_PEAK_FLOPS_PER_CHIP = 45e12  # bf16, 2 cores x 22.5 (Cloud TPU docs; resnet_scaling.analysis.hardware).
-# The share of that peak one chip is assumed to sustain on ResNet-50: a round assumption, not a
-# measurement. The published pod time implies ~52% (the report prints it next to this), so agreement at
-# 256 chips says the assumption is plausible, not that the model is right; a measured one-chip rate
-# (--tpu_v2_chip_images_per_sec) would make the 256-chip comparison a test of the model.
-TPU_V2_UTILISATION_ASSUMED = 0.5
+# The v2 configs' compile reports (`python -m resnet_scaling.compile --config=NAME --json_out`): the
+# planner's TPU v2 curve, one point per slice.
+V2_COMPILE_REPORTS = tuple(RESULTS / "compile" / f"{name}.json"
+                           for name in ("tpu_v2_8", "tpu_v2_32", "tpu_v2_128", "tpu_v2_256", "pod"))
 CASE_STUDY_WORKLOAD = "ResNet-50 v1.5 (64 filters), imagenet2012, 224 px"
 SYNTHETIC = "measured (synthetic data)"
-CHIP_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # Where the predictor's curves are evaluated.
-ASSUMED_RATE_CAVEAT = (" That rate is an assumption, not a measurement: agreement with a row says the"
-                       " assumption is plausible, not that the model is right; a measured one-chip rate"
-                       " (--tpu_v2_chip_images_per_sec) would make the comparison a test.")
+CHIP_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # Where the all-reduce model's curves are evaluated.
 
 # Price per hour, USD: accelerators per chip, VMs per machine. The 2018 list prices the case study used;
 # none is confirmed by a price page (docs/case_study.md: "assumed"), so every one says so. Override them
@@ -283,9 +280,9 @@ class Curve:
       link: the interconnect.
       max_chips: the largest system it is drawn for.
       input_system: the row that is an input of the curve (never compared with it), or "".
-      flops_per_peak: FLOPs per image / the chip's peak FLOP/s, where the rate came from FLOPs (else None):
-        turns a one-chip rate into a utilisation.
       gradient_bytes: bytes all-reduced per step (float32 gradients).
+      points: (chips, images/sec) where the curve is the planner's compiled steps rather than the
+        all-reduce model; chip_images_per_sec is then the smallest point's rate per chip.
     """
 
     name: str
@@ -296,47 +293,60 @@ class Curve:
     link: Interconnect
     max_chips: int
     input_system: str = ""
-    flops_per_peak: float | None = None
     gradient_bytes: float = 4 * RESNET50_PARAMS
+    points: tuple[tuple[int, float], ...] = ()
+
+    def chip_counts(self) -> list[int]:
+        """Where the curve is defined: its points, or CHIP_COUNTS up to max_chips."""
+        return [n for n, _ in self.points] if self.points else [n for n in CHIP_COUNTS if n <= self.max_chips]
 
     def at(self, num_chips: int) -> dict[str, float]:
-        """`predict` at `num_chips` from this curve's inputs."""
+        """Speedup over one chip and scaling efficiency at `num_chips`: the point's, or `predict`'s."""
+        if self.points:
+            rate = dict(self.points)[num_chips]
+            efficiency = rate / (num_chips * self.chip_images_per_sec)
+            return {"num_chips": num_chips, "images_per_sec": rate, "scaling_efficiency": efficiency,
+                    "speedup": num_chips * efficiency}
         step_sec = self.per_chip_batch / self.chip_images_per_sec
         return predict(step_sec, self.gradient_bytes, num_chips, self.link)
 
 
-def flops_per_image(report_path: Path) -> float:
-    """FLOPs per training image from a compile report (`python -m resnet_scaling.compile --json_out`)."""
-    report = json.loads(Path(report_path).read_text())
-    if report.get("model") != "resnet50":
-        raise ValueError(f"{report_path}: model {report.get('model')!r}, not resnet50; FLOPs do not apply.")
-    return report["flops_per_step"] / report["global_batch_size"]
+def planner_points(report_paths: Sequence[Path]) -> list[tuple[int, float, int]]:
+    """(chips, images/sec, images per chip per step) of each compile report, by the planner's model
+    (`planning.predict`: libtpu's estimate, uncompensated), in chip order."""
+    points = []
+    for path in report_paths:
+        report = json.loads(Path(path).read_text())
+        if report.get("model") != "resnet50" or not report.get("estimated_step_sec"):
+            raise ValueError(f"{path}: not a ResNet-50 compile report with libtpu's step estimate.")
+        prediction = planning.predict(planning.system_from_report(report))
+        points.append((prediction.num_chips, prediction.images_per_sec,
+                       prediction.global_batch // prediction.num_chips))
+    return sorted(points)
 
 
 def build_curves(v100: System, tpu_chip_images_per_sec: float | None = None,
-                 tpu_utilisation: float = TPU_V2_UTILISATION_ASSUMED,
-                 report_path: Path = FLOPS_REPORT) -> tuple[Curve, Curve]:
+                 report_paths: Sequence[Path] = V2_COMPILE_REPORTS) -> tuple[Curve, Curve]:
     """The predictor's V100 and TPU v2 curves, from inputs none of which is a row they are compared with.
 
     Args:
       v100: the 1x V100 row: the V100 curve's one chip (and so not compared with it).
-      tpu_chip_images_per_sec: a measured one-chip TPU v2 rate; None derives one from FLOPs.
-      tpu_utilisation: the share of the peak assumed when deriving from FLOPs.
-      report_path: the compile report holding FLOPs per step and the global batch.
+      tpu_chip_images_per_sec: a measured one-chip TPU v2 rate, scaled by the all-reduce model; None: the
+        planner's compiled v2 slices.
+      report_paths: the v2 slices' compile reports.
     """
     how = "derived from its published time" if v100.source == "published" else v100.source
     v100_curve = Curve(f"V100, {NVLINK_V100.name}", "V100", v100.images_per_sec,
                        f"the {v100.name} row ({how})", 312, NVLINK_V100, 8, v100.name)
-    tpu_name = f"TPU v2, {ICI_TPU_V2.name}"
     if tpu_chip_images_per_sec is not None:
-        return v100_curve, Curve(tpu_name, "TPU v2", tpu_chip_images_per_sec,
+        return v100_curve, Curve(f"TPU v2, {ICI_TPU_V2.name}", "TPU v2", tpu_chip_images_per_sec,
                                  "measured on one chip (--tpu_v2_chip_images_per_sec)", 128, ICI_TPU_V2, 256)
-    flops = flops_per_image(report_path)
-    basis = (f"{TPU_V2_PEAK_FLOPS_PER_CHIP / 1e12:.0f} TFLOP/s bf16 peak x {tpu_utilisation:.0%} utilisation "
-             f"(assumed) / {flops / 1e9:.1f} GFLOP per image (XLA cost analysis, {Path(report_path).name})")
-    rate = TPU_V2_PEAK_FLOPS_PER_CHIP * tpu_utilisation / flops
-    return v100_curve, Curve(tpu_name, "TPU v2", rate, basis, 128, ICI_TPU_V2, 256, "",
-                             flops / TPU_V2_PEAK_FLOPS_PER_CHIP)
+    points = planner_points(report_paths)
+    chips, rate, per_chip = points[0]
+    basis = (f"the planner: libtpu's estimate of each v2 config's compiled step (uncompensated), "
+             f"{', '.join(str(n) for n, _, _ in points)} chips; per chip at {chips} chips")
+    return v100_curve, Curve("TPU v2, the planner's compiled steps", "TPU v2", rate / chips, basis, per_chip,
+                             ICI_TPU_V2, points[-1][0], points=tuple((n, r) for n, r, _ in points))
 
 
 def cost_per_run(system: System, prices: Mapping[str, Mapping[str, tuple[float, str]]]) -> float | None:
@@ -385,7 +395,7 @@ def compare(rows: Sequence[Mapping[str, Any]], curves: Sequence[Curve],
     """Each curve against every row it covers (same accelerator, in range, not its input row).
 
     Speedups are over 1x V100 (`v100_images_per_sec`); `gap` is predicted / row - 1; `fitting_*` is the
-    one-chip rate (and utilisation) that would have put the curve on the row.
+    one-chip rate that would have put the curve on the row (at its predicted scaling efficiency).
     """
     chips_of = {r["system"]: r["chips"] for r in rows}
     out = []
@@ -393,7 +403,8 @@ def compare(rows: Sequence[Mapping[str, Any]], curves: Sequence[Curve],
         # The predictor's efficiency is against one chip; a row's only on the same basis.
         row_efficiency = r["scaling_efficiency"] if chips_of.get(r["reference"]) == 1 else None
         for c in curves:
-            if c.accelerator != r["accelerator"] or r["chips"] > c.max_chips or r["system"] == c.input_system:
+            if (c.accelerator != r["accelerator"] or r["chips"] not in c.chip_counts()
+                    or r["system"] == c.input_system):
                 continue
             p = c.at(r["chips"])
             predicted = p["speedup"] * c.chip_images_per_sec / v100_images_per_sec
@@ -404,8 +415,7 @@ def compare(rows: Sequence[Mapping[str, Any]], curves: Sequence[Curve],
                         "predicted_scaling_efficiency": p["scaling_efficiency"],
                         "row_scaling_efficiency": row_efficiency,
                         "curve_chip_images_per_sec": c.chip_images_per_sec,
-                        "fitting_chip_images_per_sec": fit,
-                        "fitting_utilisation": fit * c.flops_per_peak if c.flops_per_peak else None})
+                        "fitting_chip_images_per_sec": fit})
     return out
 
 
@@ -436,15 +446,17 @@ def _main_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def _predictor_section(curves: Sequence[Curve], comparisons: Sequence[Mapping[str, Any]]) -> list[str]:
     lines = ["", "## Scaling predictor: predicted vs the table's figures", "",
-             "Step time at N chips = one chip's step time + a ring or 2-D torus all-reduce of the float32 "
-             f"gradients ({4 * RESNET50_PARAMS / 1e6:.0f} MB); bandwidth-latency model, no overlap with "
-             "compute, no host or input-pipeline costs: a model, not a bound either way. No curve takes an "
-             "input from a row it is compared with. One chip:", "",
+             "The all-reduce model: step time at N chips = one chip's step time + a ring or 2-D torus "
+             f"all-reduce of the float32 gradients ({4 * RESNET50_PARAMS / 1e6:.0f} MB); bandwidth-latency, "
+             "no overlap with compute. The planner's curve: images/sec of each config's AOT-compiled step "
+             "by libtpu's estimate, uncompensated. Neither has host or input-pipeline costs: models, not "
+             "bounds either way. No curve takes an input from a row it is compared with. Per chip:", "",
              *(f"- {c.name}: {c.chip_images_per_sec:,.0f} images/sec = {c.chip_basis}; batch "
-               f"{c.per_chip_batch} per chip." + (ASSUMED_RATE_CAVEAT if c.flops_per_peak else "")
+               f"{c.per_chip_batch} per chip."
                for c in curves),
              "", "| system | source | chips | predicted speedup over 1x V100 | speedup from its figures "
-             "(derived) | gap | predicted efficiency vs 1 chip | efficiency vs 1 chip from its figures "
+             "(derived) | gap | predicted efficiency vs 1 chip (the planner's: vs its smallest slice) | "
+             "efficiency vs 1 chip from its figures "
              "(derived) |", "|" + "---|" * 8]
     lines += [f"| {c['system']} | {c['source']} | {c['chips']} | {c['predicted_speedup']:.2f}x "
               f"| {c['row_speedup']:.2f}x | {c['gap']:+.1%} | {_pct(c['predicted_scaling_efficiency'])} "
@@ -454,13 +466,11 @@ def _predictor_section(curves: Sequence[Curve], comparisons: Sequence[Mapping[st
         verdict = "disagree" if abs(c["gap"]) >= 0.05 else "agree within 5%"
         effs = ("" if c["row_scaling_efficiency"] is None else f" ({_pct(c['predicted_scaling_efficiency'])} "
                 f"efficiency; {c['source']}: {_pct(c['row_scaling_efficiency'])})")
-        fit = c["fitting_utilisation"]
-        utilisation = "" if fit is None else f" ({fit:.0%} of peak)"
         lines.append(f"- {c['system']}: predictor and {c['source']} figures {verdict}: predicted "
                      f"{c['predicted_speedup']:.2f}x over 1x V100, {c['source']} {c['row_speedup']:.2f}x "
                      f"(derived), {c['gap']:+.1%}{effs}. The curve starts from "
                      f"{c['curve_chip_images_per_sec']:,.0f} images/sec per chip; "
-                     f"{c['fitting_chip_images_per_sec']:,.0f}{utilisation} would put it on this row "
+                     f"{c['fitting_chip_images_per_sec']:,.0f} would put it on this row "
                      "(derived).")
     by_name = {c["system"]: c for c in comparisons}
     gpus, pod = (by_name.get(s.name) for s in PUBLISHED[1:3])
@@ -494,7 +504,7 @@ def _speedup_chart(plt: Any, rows: Sequence[Mapping[str, Any]], curves: Sequence
     fig, ax = plt.subplots(figsize=(7.5, 5.5))
     ax.plot(CHIP_COUNTS, CHIP_COUNTS, "k--", lw=1, label="linear scaling from 1x V100")
     for i, c in enumerate(curves):
-        counts = [n for n in CHIP_COUNTS if n <= c.max_chips]
+        counts = c.chip_counts()
         label = textwrap.fill(f"predicted, {c.name}; one chip: {c.chip_images_per_sec:,.0f} images/sec = "
                               f"{c.chip_basis}", 100, subsequent_indent="  ", break_on_hyphens=False)
         ax.plot(counts, [c.at(n)["speedup"] * c.chip_images_per_sec / v100_rate for n in counts], lw=1.5,
@@ -598,10 +608,9 @@ def _parse_args(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Name
                         "instead of refusing them.")
     p.add_argument("--tpu_v2_chip_images_per_sec", type=float, default=None,
                    help="A measured one-chip TPU v2 rate for the predictor (default: from FLOPs).")
-    p.add_argument("--tpu_v2_utilisation", type=float, default=TPU_V2_UTILISATION_ASSUMED,
-                   help="Assumed share of the 45 TFLOP/s peak when the one-chip rate comes from FLOPs.")
-    p.add_argument("--flops_report", default=str(FLOPS_REPORT),
-                   help="Compile report (python -m resnet_scaling.compile --json_out) with FLOPs per step.")
+    p.add_argument("--compile_reports", nargs="*", default=[str(p) for p in V2_COMPILE_REPORTS],
+                   help="The TPU v2 slices' compile reports (python -m resnet_scaling.compile --json_out) "
+                        "for the planner's curve.")
     return p, p.parse_args(argv)
 
 
@@ -609,8 +618,8 @@ def main(argv: list[str]) -> str:
     """Builds the report; prints and writes the Markdown, JSON and charts; returns the Markdown."""
     p, args = _parse_args(argv)
     measured_rate = args.tpu_v2_chip_images_per_sec
-    if not 0 < args.tpu_v2_utilisation <= 1 or (measured_rate is not None and measured_rate <= 0):
-        p.error("--tpu_v2_utilisation must be in (0, 1] and --tpu_v2_chip_images_per_sec positive.")
+    if measured_rate is not None and measured_rate <= 0:
+        p.error("--tpu_v2_chip_images_per_sec must be positive.")
     try:
         measured, others = load_measured(args.summaries, args.allow_other_workloads)
     except WorkloadError as e:
@@ -621,15 +630,17 @@ def main(argv: list[str]) -> str:
     prices = load_prices(args.prices)
     rows = table_rows(systems, prices)
     v100 = reference_v100(systems)
-    curves = build_curves(v100, args.tpu_v2_chip_images_per_sec, args.tpu_v2_utilisation,
-                          Path(args.flops_report))
+    try:
+        curves = build_curves(v100, args.tpu_v2_chip_images_per_sec, [Path(r) for r in args.compile_reports])
+    except (OSError, ValueError) as e:
+        p.error(f"--compile_reports: {e}")
     comparisons = compare(rows, curves, v100.images_per_sec)
     extra = other_rows(others)
     text = markdown(rows, prices, curves, comparisons, extra)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "case_study.md").write_text(text)
-    points = {c.name: [c.at(n) for n in CHIP_COUNTS if n <= c.max_chips] for c in curves}
+    points = {c.name: [c.at(n) for n in c.chip_counts()] for c in curves}
     predictor = {"curves": [{**dataclasses.asdict(c), "points": points[c.name]} for c in curves],
                  "comparisons": comparisons}
     report = {"case_study": rows, "predictor": predictor, "other_workloads": extra}

@@ -1,6 +1,6 @@
 """The planner against published results it was not fitted to: each prediction beside the published time.
 
-  python benchmarks/planner_checks.py --reports_dir=/tmp/plan   # compiles the reports it lacks (minutes each)
+  python benchmarks/planner_checks.py          # compiles the reports results/compile/ lacks (minutes each)
   python benchmarks/planner_checks.py --extract_from PATH/training_results_v0.6 PATH/training_results_v1.0
 
 The published results (`published_results.json`, beside this file) are MLPerf submissions' own logs, read
@@ -179,7 +179,7 @@ def _num(x: float | None, fmt: str = "{:,.2f}") -> str:
 
 def main(argv: list[str]) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--reports_dir", default="/tmp/plan",
+    p.add_argument("--reports_dir", default=str(Path(__file__).resolve().parent / "results" / "compile"),
                    help="Compile reports: read, or written when missing.")
     p.add_argument("--extract_from", nargs="*", default=[],
                    help="Clones of mlcommons/training_results_v0.6 and _v1.0 (the round read from the path): "

@@ -35,11 +35,11 @@ logger = logging.getLogger("resnet_scaling.planner")  # Not __name__: "__main__"
 
 _PRICES = flags.DEFINE_multi_string(
     "price", [], 'A price per chip-hour for one system, "SYSTEM=USD:SOURCE" (SYSTEM: its input\'s file '
-    'name without .json, its config name or the system name), e.g. "pod=1.35:cloud.google.com/tpu/pricing, '
-    'read 2026-12-02".')
+    'name without .json, its config name or the system name), e.g. "pod=1.23:your price page, read on '
+    'DATE".')
 _PRICE_TABLE = flags.DEFINE_string(
-    "prices", None, 'A JSON price table by device kind: {"TPU v4": {"usd_per_chip_hour": 3.22, "source": '
-    '"...", "date": "2026-12-02"}, ...}; kinds it lacks keep the case study\'s assumed prices (TPU v2, '
+    "prices", None, 'A JSON price table by device kind: {"TPU v4": {"usd_per_chip_hour": 1.23, "source": '
+    '"your price page", "date": "..."}, ...}; kinds it lacks keep the case study\'s assumed prices (TPU v2, '
     'V100).')
 _CALIBRATION = flags.DEFINE_string(
     "calibration", None, "The pod's compile report (or the pod config) for the TPU factor, when it is not "
