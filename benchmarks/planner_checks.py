@@ -1,7 +1,7 @@
 """The planner against published results it was not fitted to: each prediction beside the published time.
 
   python benchmarks/planner_checks.py          # compiles the reports results/compile/ lacks (minutes each)
-  python benchmarks/planner_checks.py --extract_from PATH/training_results_v0.6 PATH/training_results_v1.0
+  python benchmarks/planner_checks.py --extract_from PATH/training_results_v0.6 PATH/..._v0.7 PATH/..._v1.0
 
 The published results (`published_results.json`, beside this file) are MLPerf submissions' own logs, read
 by `parse_mlperf_result`: run_start to run_stop (MLPerf's clock: training and evaluation, no
@@ -93,6 +93,7 @@ SUBMISSIONS = {
     "v0.6": {"tpu-v3-32": ("TPU v3", 16, "v3:4x4"), "tpu-v3-128": ("TPU v3", 64, "v3:8x8"),
              "tpu-v3-256": ("TPU v3", 128, "v3:8x16"), "tpu-v3-512": ("TPU v3", 256, "v3:16x16"),
              "tpu-v3-1024": ("TPU v3", 512, "v3:16x32"), "tpu-v3-2048": ("TPU v3", 1024, "v3:32x32")},
+    "v0.7": {"tpu-v3-32-TF2.0": ("TPU v3", 16, "v3:4x4"), "tpu-v3-8192-JAX": ("TPU v3", 4096, "v3:64x64")},
     "v1.0": {"tpu-v4-128-TF": ("TPU v4", 64, "v4:4x4x4")},
 }
 
@@ -182,7 +183,8 @@ def main(argv: list[str]) -> dict[str, Any]:
     p.add_argument("--reports_dir", default=str(Path(__file__).resolve().parent / "results" / "compile"),
                    help="Compile reports: read, or written when missing.")
     p.add_argument("--extract_from", nargs="*", default=[],
-                   help="Clones of mlcommons/training_results_v0.6 and _v1.0 (the round read from the path): "
+                   help="Clones of mlcommons/training_results_v0.6, _v0.7 and _v1.0 (the round read from "
+                        "the path): "
                         f"rewrite {PUBLISHED.name} from their logs and stop.")
     harness.add_flags(p, repeats=1, json_out="benchmarks/results/planner_checks.json")
     args = p.parse_args(argv)
