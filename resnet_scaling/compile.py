@@ -14,13 +14,13 @@ import json
 import logging
 import os
 
-import jax
 from absl import app, flags
 from ml_collections import config_flags
 
 from resnet_scaling import config as config_lib
 from resnet_scaling import console
 from resnet_scaling.analysis import aot
+from resnet_scaling.host import process_setup
 
 logger = logging.getLogger("resnet_scaling.compile")  # Not __name__: "__main__" under `python -m`.
 
@@ -37,10 +37,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
     console.configure_command_line_logging()
-    # The compiler runs on the host; never initialise a local accelerator (a CPU machine has none), and
-    # do not take libtpu's single-process lock: compiling needs no TPU, and a run may be using it.
-    jax.config.update("jax_platforms", "cpu")
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    process_setup.start_host_compiler()
     config = _CONFIG.value
     topology = _TOPOLOGY.value or config.system.topology
     if not topology:

@@ -22,12 +22,12 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-import jax
 from absl import app, flags
 
 from resnet_scaling import config as config_lib
 from resnet_scaling import console
 from resnet_scaling.analysis import planning
+from resnet_scaling.host import process_setup
 from resnet_scaling.metrics import format_duration
 from resnet_scaling.resilience import workdir
 
@@ -231,10 +231,7 @@ def main(argv: list[str]) -> None:
                          if _ALL_CONFIGS.value else [])
     if not inputs:
         raise app.UsageError("Give compile reports, summary.json files or configs (or --all_configs).")
-    # A TPU config is compiled here, on the host: never initialise a local accelerator, and do not take
-    # libtpu's single-process lock (a run may be using it).
-    jax.config.update("jax_platforms", "cpu")
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    process_setup.start_host_compiler()  # A TPU config is compiled here, on the host.
     try:
         prices = dict(planning.ASSUMED_PRICES)
         if _PRICE_TABLE.value:

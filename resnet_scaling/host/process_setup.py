@@ -1,4 +1,4 @@
-"""What a command (`train`, `evaluate`) does before JAX starts a backend, in one place.
+"""What a command (`train`, `evaluate`; `compile`, `planner`) does before JAX starts a backend, in one place.
 
 The order matters: the platform, XLA's flags and the CPU's dispatch mode are read once, when the first
 backend starts, and a multi-process job must form before any process computes anything.
@@ -7,6 +7,7 @@ backend starts, and a multi-process job must form before any process computes an
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 import jax
@@ -16,6 +17,14 @@ from resnet_scaling.host import xla_flags
 from resnet_scaling.resilience import distributed
 
 logger = logging.getLogger(__name__)
+
+
+def start_host_compiler() -> None:
+    """For the commands that compile for a TPU topology on this host (`compile`, `planner`): the compiler
+    runs on the host, so never initialise a local accelerator (a CPU machine has none), and do not take
+    libtpu's single-process lock: compiling needs no TPU, and a run may be using it."""
+    jax.config.update("jax_platforms", "cpu")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
 def start_process(*, throughput_flags: bool = True, keep_freed_memory: bool = True,
