@@ -92,10 +92,21 @@ def persistent_compilation_cache(directory: os.PathLike) -> Iterator[None]:
         compilation_cache.reset_cache()
 
 
+def launch_xla_flags(num_devices: int | None = None) -> str:
+    """XLA_FLAGS for a process the suite launches: the session's fast-compile flags (tests/conftest.py)
+    without its 8 fake devices (one CPU device, as a user's machine has), or with `num_devices` of them."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count=")]
+    if num_devices is not None:
+        flags.append(f"--xla_force_host_platform_device_count={num_devices}")
+    return " ".join(flags)
+
+
 @contextlib.contextmanager
 def xla_default_optimizations() -> Iterator[None]:
     """Programs compiled in the block are compiled as in real runs, not as the tests' fast compiles: with
-    XLA's default optimisations, and the train state's initialiser with the options `create_train_state`
+    XLA's default optimisations (only XLA's CPU fusion emitters stay off: XLA_FLAGS are read once per
+    process, see tests/conftest.py), and the train state's initialiser with the options `create_train_state`
     gives it on the CPU (`steps.RUN_ONCE_CPU_COMPILER_OPTIONS`).
 
     `jax_disable_most_optimizations` is read when a program is compiled and is no part of JAX's cache

@@ -17,7 +17,7 @@ import pytest
 
 from resnet_scaling import checkpointing, mesh, models, trainer
 from resnet_scaling.resilience import divergence
-from tests.helpers import random_arrays, tiny_config
+from tests.helpers import launch_xla_flags, random_arrays, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "train_worker.py"
@@ -161,7 +161,7 @@ def _worker_command(workdir, overrides, **flags):
 
 
 def _worker_env():
-    return {**os.environ, "XLA_FLAGS": "", "PYTHONUNBUFFERED": "1"}
+    return {**os.environ, "XLA_FLAGS": launch_xla_flags(), "PYTHONUNBUFFERED": "1"}
 
 
 def _committed_steps(checkpoints: pathlib.Path) -> list[int]:
@@ -260,8 +260,8 @@ def test_sigterm_and_sigkill_at_random_steps_then_resume_give_the_uninterrupted_
                  "training__compilation_cache_dir": str(tmp_path / "compilation_cache")}
     config_file.write_text("from tests.helpers import tiny_config\n\n\n"
                            f"def get_config():\n    return tiny_config(**{overrides!r})\n")
-    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "PYTHONPATH": str(REPO),
-           "PYTHONUNBUFFERED": "1"}  # One CPU device, as a user's machine; the config file imports tests/.
+    # One CPU device, as a user's machine; the config file imports tests/.
+    env = {**os.environ, "XLA_FLAGS": launch_xla_flags(), "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
 
     def command(workdir):
         return [sys.executable, "-m", "resnet_scaling.train", f"--config={config_file}",

@@ -21,7 +21,7 @@ import pytest
 from jax._src.clusters import ClusterEnv
 
 from resnet_scaling.resilience import distributed
-from tests.helpers import held_port
+from tests.helpers import held_port, launch_xla_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "launch" / "local.py"
@@ -37,8 +37,7 @@ def _launcher():
 
 def _clean_env(**extra):
     """The test session's environment without its forced 8 devices, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["PYTHONPATH"] = str(REPO)
+    env = {**os.environ, "XLA_FLAGS": launch_xla_flags(), "PYTHONPATH": str(REPO)}
     env.update(extra)
     return env
 

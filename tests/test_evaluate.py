@@ -19,7 +19,7 @@ from resnet_scaling import checkpointing, models, trainer
 from resnet_scaling import config as config_lib
 from resnet_scaling.evaluation import evaluate_workdir
 from resnet_scaling.predict import Predictor, load_predictor
-from tests.helpers import tiny_config
+from tests.helpers import launch_xla_flags, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -161,7 +161,7 @@ def test_the_predictor_refuses_images_it_cannot_take(run):
 
 def _evaluate_command(*args):
     # One CPU device (the tests' 8 fake ones are dropped): the run trained on 8 evaluates the same on 1.
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": launch_xla_flags(), "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "resnet_scaling.evaluate", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 

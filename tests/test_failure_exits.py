@@ -14,6 +14,7 @@ import time
 import pytest
 
 from resnet_scaling import console
+from tests.helpers import launch_xla_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -46,8 +47,7 @@ def test_an_unwritable_checkpoint_folder_ends_the_run_within_the_bound_naming_th
     config_file = tmp_path / "tiny_config.py"
     config_file.write_text("from tests.helpers import tiny_config\n\n\n"
                            f"def get_config():\n    return tiny_config(**{overrides!r})\n")
-    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "PYTHONPATH": str(REPO),
-           "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "XLA_FLAGS": launch_xla_flags(), "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     workdir = tmp_path / "run"
     checkpoints = workdir / "checkpoints"
     log = tmp_path / "console.txt"

@@ -19,7 +19,7 @@ import pytest
 
 from resnet_scaling import checkpointing, trainer, training_setup
 from resnet_scaling.resilience import divergence, workdir
-from tests.helpers import random_arrays, tiny_config
+from tests.helpers import launch_xla_flags, random_arrays, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -386,7 +386,7 @@ def test_a_changed_learning_rate_on_resume_is_said_and_recorded(tmp_path, caplog
 def test_command_line_mistakes_end_in_one_error_line(tmp_path, args, message):
     result = subprocess.run([sys.executable, "-m", "resnet_scaling.train", *args, f"--workdir={tmp_path}"],
                             capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                            env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""})
+                            env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": launch_xla_flags()})
     lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
     assert result.returncode != 0
     assert lines[-1].startswith(message), lines[-5:]

@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 from resnet_scaling import checkpointing, models
-from tests.helpers import held_port
+from tests.helpers import held_port, launch_xla_flags
 from tests.train_worker import worker_arrays
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -78,7 +78,7 @@ def _job(workdir, name, flags=None, flags_1=None):
         # The scenario's launches share a persistent compilation cache of their own: they compile the same
         # programs with the same (fast) options, so only the first launches compile them, as a relaunched
         # `resnet_scaling.train` loads them from its cache.
-        env = {**os.environ, "XLA_FLAGS": "", "PYTHONUNBUFFERED": "1",
+        env = {**os.environ, "XLA_FLAGS": launch_xla_flags(), "PYTHONUNBUFFERED": "1",
                "JAX_COORDINATOR_BIND_ADDRESS": coordinator,
                "JAX_COMPILATION_CACHE_DIR": str(workdir.parent / "compilation_cache"),
                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",

@@ -32,6 +32,7 @@ from packaging.utils import canonicalize_name
 from resnet_scaling import checkpointing, metrics
 from tests import slurm_cluster
 from tests.gcs_emulator import gcs_emulator
+from tests.helpers import launch_xla_flags
 from tests.image_files import write_ilsvrc_tars
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -139,7 +140,7 @@ def test_the_wheel_with_only_its_declared_dependencies_runs_the_demo_on_a_gs_wor
     _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)])
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "XLA_FLAGS": launch_xla_flags()}
     where = _run([str(python), "-c", "import resnet_scaling, resnet_scaling.configs as c; "
                   "print(resnet_scaling.__file__); print(c.__file__)"], cwd=elsewhere, env=env).stdout
     assert str(REPO) not in where and str(venv) in where, where

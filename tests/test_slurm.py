@@ -18,6 +18,7 @@ import pytest
 
 from resnet_scaling import checkpointing
 from resnet_scaling.resilience import distributed
+from tests.helpers import launch_xla_flags
 from tests.slurm_cluster import KILL_WAIT_SEC, slurm_cluster
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -30,7 +31,7 @@ DEMO_ARGS = ["--config.data.num_train_examples=512", "--config.data.num_eval_exa
              "--config.eval.every_epochs=4", "--config.checkpoint.every_steps=8",
              "--config.training.log_every_steps=2", "--config.training.compilation_cache_dir="]
 TASK_ENV = {"JAX_PLATFORMS": "cpu", "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "PYTHON": sys.executable}
+            "XLA_FLAGS": launch_xla_flags(num_devices=1), "PYTHON": sys.executable}
 HANG_SEC = 300  # Only a hang reaches this: a launch takes 20-60 s on 2 loaded cores.
 
 

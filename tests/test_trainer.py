@@ -11,7 +11,7 @@ import pytest
 
 from resnet_scaling import config as config_lib
 from resnet_scaling import trainer
-from tests.helpers import random_arrays, tiny_config
+from tests.helpers import launch_xla_flags, random_arrays, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,7 @@ def test_batch_not_divisible_by_devices_is_refused_before_training(tmp_path):
 
 
 def _run_cli(*args, tmp_path):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": launch_xla_flags()}
     return subprocess.run([sys.executable, "-m", "resnet_scaling.train", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -90,7 +90,7 @@ def test_the_synthetic_path_trains_without_tensorflow(tmp_path):
         "assert sys.modules['tensorflow'] is None\n"
         "print('trained without tensorflow')\n"
     )
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": launch_xla_flags()}
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0 and "trained without tensorflow" in proc.stdout, proc.stderr[-3000:]
