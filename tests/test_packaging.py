@@ -140,7 +140,11 @@ def test_the_wheel_with_only_its_declared_dependencies_runs_the_demo_on_a_gs_wor
     _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)])
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "XLA_FLAGS": launch_xla_flags()}
+    # Not the suite's shared compilation cache (its size limit needs filelock, a test dependency): the
+    # command line's own, in the workdir.
+    env = {**{k: v for k, v in os.environ.items()
+              if k != "PYTHONPATH" and not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))},
+           "XLA_FLAGS": launch_xla_flags()}
     where = _run([str(python), "-c", "import resnet_scaling, resnet_scaling.configs as c; "
                   "print(resnet_scaling.__file__); print(c.__file__)"], cwd=elsewhere, env=env).stdout
     assert str(REPO) not in where and str(venv) in where, where
@@ -156,8 +160,10 @@ def test_the_wheel_with_only_its_declared_dependencies_runs_the_demo_on_a_gs_wor
 
         def demo(num_steps):
             # A constant learning rate: the resumed launch's longer run compiles to the same programs, which
-            # it loads from the workdir's compilation cache (in the bucket too).
+            # it loads from the workdir's compilation cache (in the bucket too). The tiny model: small
+            # checkpoints and exports, so that the emulator's uploads are quick.
             overrides = {"schedule.name": "constant", "data.cache_dir": tmp_path / "cache",
+                         "model.name": "resnet_tiny", "model.num_filters": 8,
                          "data.num_train_examples": 256,
                          "data.num_eval_examples": 64, "eval.global_batch_size": 64,
                          "training.num_train_steps": num_steps, "training.log_every_steps": 2,
@@ -182,7 +188,7 @@ def test_the_wheel_with_only_its_declared_dependencies_runs_the_demo_on_a_gs_wor
         assert "run.lock" not in names  # Taken in the bucket and released at the end.
 
         variables, config = checkpointing.load_exported(workdir)
-        assert config.model.name == "resnet18" and jax.tree.leaves(variables["params"])
+        assert config.model.name == "resnet_tiny" and jax.tree.leaves(variables["params"])
         assert metrics.read_summary(workdir)["run"]["final_step"] == 4
         assert checkpointing.complete_steps(workdir) == [2, 4]  # orbax's commit markers are there too.
         records = [json.loads(line) for line in epath.Path(workdir, "metrics.jsonl").read_text().splitlines()]

@@ -23,13 +23,15 @@ from tests.slurm_cluster import KILL_WAIT_SEC, slurm_cluster
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "launch" / "slurm_gpu.sbatch"
-# The demo, smaller: 512 images, batch 128 (4 steps an epoch), 32 steps; the suite's compilation cache
+# The demo, smaller: the tiny model (what runs is the point, not what it learns), 512 images, batch 128
+# (4 steps an epoch), 32 steps; the suite's compilation cache
 # (conftest) instead of the workdir's, so that launches share what they compile.
 NUM_STEPS = 32
 DEMO_ARGS = ["--config.data.num_train_examples=512", "--config.data.num_eval_examples=200",
              "--config.eval.global_batch_size=200", "--config.training.num_epochs=8",
              "--config.eval.every_epochs=4", "--config.checkpoint.every_steps=8",
-             "--config.training.log_every_steps=2", "--config.training.compilation_cache_dir="]
+             "--config.training.log_every_steps=2", "--config.training.compilation_cache_dir=",
+             "--config.model.name=resnet_tiny", "--config.model.num_filters=8"]
 TASK_ENV = {"JAX_PLATFORMS": "cpu", "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
             "XLA_FLAGS": launch_xla_flags(num_devices=1), "PYTHON": sys.executable}
 HANG_SEC = 300  # Only a hang reaches this: a launch takes 20-60 s on 2 loaded cores.
