@@ -46,7 +46,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from resnet_scaling.analysis import planning
+from resnet_scaling.analysis import hardware, planning
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
 MEASURED_EPOCHS = 90  # The case study's clock covers 90 epochs after a 1-epoch warm-up.
@@ -176,12 +176,11 @@ def system_from_summary(summary: Mapping[str, Any], name: str | None = None) -> 
     images_per_sec = summary["throughput"]["images_per_sec"]
     if not images_per_sec:
         raise ValueError(f"{name or kind}: the summary has no steady-state images/sec (no timed region).")
-    per_chip = 2 if any(t in kind for t in ("TPU v2", "TPU v3")) else 1  # 2 cores (JAX devices) per chip.
     accelerator = next((k for k in ("V100", "TPU v2") if k in kind), kind)
     label = name or config.get("system", {}).get("name") or f"{run['devices']}x {kind}"
     workload = workload_of(config)
     return System(label, SYNTHETIC if workload.synthetic else "measured", accelerator,
-                  max(1, run["devices"] // per_chip), float(images_per_sec), None,
+                  max(1, run["devices"] // hardware.devices_per_chip(kind)), float(images_per_sec), None,
                   f"measured: summary.json, {run['devices']} devices, batch {run['global_batch_size']}; "
                   "time derived from its steady-state images/sec", None, workload.label)
 

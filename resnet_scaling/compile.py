@@ -44,8 +44,7 @@ def main(argv: list[str]) -> None:
         raise app.UsageError("No TPU topology: set config.system.topology or pass --topology=v2:16x16.")
     devices = aot.topology_devices(topology, config.system.chips_per_host_bounds, config.system.num_slices)
     logger.info("Compiling the %s train and evaluation steps for %s: %d x %s.", config.model.name, topology,
-                len(devices),
-                devices[0].device_kind)
+                len(devices), devices[0].device_kind)
     try:
         report = aot.build_report(config, devices, topology)
     except config_lib.ConfigError as e:

@@ -121,6 +121,8 @@ def test_topology_has_the_devices_of_4_v2_chips(devices):
     assert len(devices) == 8
     assert {d.device_kind for d in devices} == {"TPU v2"}
     assert {d.platform for d in devices} == {"tpu"}
+    # libtpu's own coordinates: 2 devices (TensorCores) on each chip, as the hardware table says.
+    assert hardware.chip_count(devices) == 4 and hardware.devices_per_chip("TPU v2") == 2
 
 
 def test_per_device_batch_norm_step_communicates_only_gradients_and_bn_statistics(per_device_bn_reports):

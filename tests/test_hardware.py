@@ -38,3 +38,12 @@ def test_the_host_cpu_model_is_the_cpuinfo_model_name(tmp_path):
     assert hardware.host_cpu_model(cpuinfo) == "AMD EPYC 7B13"
     # No cpuinfo (macOS, or a model-less one): still a non-empty name, from the platform module.
     assert hardware.host_cpu_model(tmp_path / "missing") != ""
+
+
+@pytest.mark.parametrize("device_kind, devices_per_chip", [
+    ("TPU v2", 2), ("TPU v3", 2), ("TPU v4", 1), ("TPU v5 lite", 1), ("TPU v5", 1),
+    ("Tesla V100-SXM2-16GB", 1), ("NVIDIA H200", 1), ("cpu", 1)])
+def test_tpu_v2_and_v3_chips_hold_two_jax_devices_and_the_others_one(device_kind, devices_per_chip):
+    # Oracle: the Cloud TPU architecture pages (v2 and v3 chips have 2 TensorCores, each a JAX device;
+    # from v4 on one device is one chip) and NVIDIA's (one device per GPU).
+    assert hardware.devices_per_chip(device_kind) == devices_per_chip

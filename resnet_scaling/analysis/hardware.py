@@ -26,6 +26,7 @@ class DeviceSpec:
     peak_tflops_per_device: float
     hbm_bytes_per_chip: int
     source: str
+    devices_per_chip: int = 1  # JAX devices on one chip: the TensorCores of TPU v2 and v3.
 
 
 # Order matters: the first match wins ("v5 lite" before "v5", "h100 pcie" before "h100", 32 GB before
@@ -39,8 +40,10 @@ DEVICE_SPECS: tuple[DeviceSpec, ...] = (
     DeviceSpec("h100 pcie", 756.0, 80 * GIB, "NVIDIA H100 datasheet: PCIe 756 TFLOP/s bf16 dense"),
     DeviceSpec("h100", 989.0, 80 * GIB, "NVIDIA H100 datasheet: SXM 989 TFLOP/s bf16 dense"),
     DeviceSpec("h200", 989.0, 141 * 10**9, "NVIDIA H200 datasheet: 989 TFLOP/s bf16 dense, 141 GB"),
-    DeviceSpec("tpu v2", 22.5, 16 * GIB, "Cloud TPU docs: v2 chip 45 TFLOP/s bf16, 2 cores, 16 GiB"),
-    DeviceSpec("tpu v3", 61.5, 32 * GIB, "Cloud TPU docs: v3 chip 123 TFLOP/s bf16, 2 cores, 32 GiB"),
+    DeviceSpec("tpu v2", 22.5, 16 * GIB, "Cloud TPU docs: v2 chip 45 TFLOP/s bf16, 2 cores, 16 GiB",
+               devices_per_chip=2),
+    DeviceSpec("tpu v3", 61.5, 32 * GIB, "Cloud TPU docs: v3 chip 123 TFLOP/s bf16, 2 cores, 32 GiB",
+               devices_per_chip=2),
     DeviceSpec("tpu v4", 275.0, 32 * GIB, "Cloud TPU docs: v4 chip 275 TFLOP/s bf16, 32 GiB"),
     DeviceSpec("tpu v5 lite", 197.0, 16 * GIB, "Cloud TPU docs: v5e chip 197 TFLOP/s bf16, 16 GiB"),
     DeviceSpec("tpu v5e", 197.0, 16 * GIB, "Cloud TPU docs: v5e chip 197 TFLOP/s bf16, 16 GiB"),
@@ -65,6 +68,12 @@ def peak_tflops_per_device(device_kind: str, measured: float | None = None) -> f
         return float(measured)
     spec = device_spec(device_kind)
     return None if spec is None else spec.peak_tflops_per_device
+
+
+def devices_per_chip(device_kind: str) -> int:
+    """JAX devices on one chip of `device_kind` (2 for TPU v2 and v3; 1 for other and unknown kinds)."""
+    spec = device_spec(device_kind)
+    return 1 if spec is None else spec.devices_per_chip
 
 
 def chip_count(devices: Sequence[Any]) -> int:

@@ -37,7 +37,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from resnet_scaling.analysis import convergence
+from resnet_scaling.analysis import convergence, hardware
 
 CASE_STUDY_EPOCHS = 90  # The case study's timed epochs (after one warm-up epoch), at 76% top-1.
 MLPERF_EVAL_EVERY_EPOCHS = 4  # MLPerf's rules for ResNet-50: an evaluation pass every 4 epochs.
@@ -167,10 +167,10 @@ def system_from_summary(summary: Mapping[str, Any]) -> System:
     rate = throughput.get("images_per_sec")
     evals = (summary.get("accuracy") or {}).get("num_evals") or 0
     kind = run["device_kind"]
-    per_chip = 2 if any(t in kind for t in ("TPU v2", "TPU v3")) else 1
     return System(
         name=config.get("system", {}).get("name") or f"{run['devices']} x {kind}", device_kind=kind,
-        num_chips=max(1, run["devices"] // per_chip), num_hosts=int(run.get("process_count") or 0),
+        num_chips=max(1, run["devices"] // hardware.devices_per_chip(kind)),
+        num_hosts=int(run.get("process_count") or 0),
         global_batch=int(run["global_batch_size"]),
         step_sec=Figure(run["global_batch_size"] / rate, "measured", "summary.json: steady-state images/sec")
         if rate else Figure(None, "not predicted", "the summary has no steady-state images/sec"),
@@ -183,10 +183,10 @@ def system_from_config(config: Any) -> System:
     """A system from a config alone (a GPU config without a run): batch and epochs, no step time."""
     kind = config.system.device_kind or "?"
     devices = int(config.mesh.num_devices)
-    per_chip = 2 if any(t in kind for t in ("TPU v2", "TPU v3")) else 1
     why = ("no GPU compiler runs without the GPU: pass a summary.json of a run on it" if "tpu" not in
            kind.lower() else "pass its compile report (python -m resnet_scaling.compile)")
-    return System(name=config.system.name or "?", device_kind=kind, num_chips=max(1, devices // per_chip),
+    return System(name=config.system.name or "?", device_kind=kind,
+                  num_chips=max(1, devices // hardware.devices_per_chip(kind)),
                   num_hosts=0, global_batch=int(config.training.global_batch_size),
                   step_sec=Figure(None, "not predicted", why),
                   eval_pass_sec=Figure(None, "not predicted", why),
