@@ -79,22 +79,40 @@ def declared_closure(requirements: list[str],
 
 
 def link_distributions(dists, site_packages: pathlib.Path) -> int:
-    """Links every file that `dists` installed under this environment's site-packages into `site_packages`
-    (their scripts and other files outside it are left out); returns how many files it linked."""
-    roots = {pathlib.Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib")}
-    linked = 0
-    for dist in dists:
+    """Makes every file that `dists` installed under this environment's site-packages visible in
+    `site_packages` (their scripts and other files outside it are left out); returns how many files.
+
+    A folder whose installed files all belong to `dists` is linked whole (one link, not one per file: a
+    file each took 18 s); a folder shared with a distribution that is not among them (a namespace package
+    such as `google/`) is made a folder there, and its entries are linked one level down, and so on.
+    """
+    roots = {pathlib.Path(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")}
+
+    def installed(dist):
+        """Paths of `dist`'s files relative to the site-packages folder that holds them."""
         for file in dist.files or []:
-            source = pathlib.Path(dist.locate_file(file)).resolve()
+            source = pathlib.Path(os.path.normpath(dist.locate_file(file)))
             root = next((r for r in roots if source.is_relative_to(r)), None)
-            if root is None or not source.is_file():
-                continue
-            target = site_packages / source.relative_to(root)
+            if root is not None and source.is_file():
+                yield root, source.relative_to(root)
+
+    wanted = {canonicalize_name(d.metadata["Name"]) for d in dists}
+    foreign: set[pathlib.Path] = set()  # Folders that hold a file of a distribution not wanted.
+    for dist in importlib.metadata.distributions():
+        if canonicalize_name(dist.metadata["Name"] or "") not in wanted:
+            for _, relative in installed(dist):
+                foreign.update(relative.parents)
+    files = {relative: root for dist in dists for root, relative in installed(dist)}
+    for relative, root in files.items():
+        # The highest folder above the file that holds nothing foreign is linked whole; the file itself
+        # when every folder above it is shared.
+        unit = next((p for p in reversed(relative.parents) if p != pathlib.Path(".") and p not in foreign),
+                    relative)
+        target = site_packages / unit
+        if not target.is_symlink() and not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
-            if not target.exists():
-                target.symlink_to(source)
-                linked += 1
-    return linked
+            target.symlink_to(root / unit)
+    return len(files)
 
 
 def test_the_closure_follows_markers_extras_and_transitive_requirements():
