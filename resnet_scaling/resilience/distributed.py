@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-from jax._src import distributed as jax_distributed
+import orbax.checkpoint as ocp
 
 logger = logging.getLogger(__name__)
 
@@ -423,8 +423,11 @@ def jax_heartbeat_timeout_sec(timeout_sec: float) -> int:
 
 
 def _coordination_client() -> Any:
-    """JAX's client of the coordination service, None when this process is alone or has shut it down."""
-    return jax_distributed.global_state.client
+    """JAX's client of the coordination service, None when this process is alone or has shut it down.
+    JAX has no public accessor for it; orbax's, which its own barriers use, is the maintained one."""
+    if not ocp.multihost.is_jax_distributed_client_initialized():
+        return None
+    return ocp.multihost.get_jax_distributed_client()
 
 
 def report_progress(step: int, checkpoint_step: int | None = None) -> None:
@@ -439,7 +442,7 @@ def report_progress(step: int, checkpoint_step: int | None = None) -> None:
     client = _coordination_client()
     if client is None:
         return
-    index = jax_distributed.global_state.process_id
+    index = jax.process_index()
     try:
         client.key_value_set(f"{_WATCH_PREFIX}step/{index}", str(int(step)), allow_overwrite=True)
         if checkpoint_step is not None:
