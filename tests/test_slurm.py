@@ -74,35 +74,16 @@ def _text(path: pathlib.Path) -> str:
 
 
 @pytest.mark.slow
-def test_a_preempted_sbatch_job_completes_with_its_checkpoint_and_the_same_command_resumes(
+def test_a_killed_then_preempted_sbatch_job_resumes_each_time_with_the_same_command(
         slurm, demo_data, tmp_path):
-    workdir, first, second = tmp_path / "run", tmp_path / "first.out", tmp_path / "second.out"
-    job = _sbatch(slurm, demo_data, workdir, first)
-    _wait(lambda: re.search(rf"\] step \d+/{NUM_STEPS}", _text(first)), "training step", slurm, job, first)
-    signalled = time.monotonic()
-    subprocess.run(["scancel", "--signal=TERM", job], env=slurm.env, check=True)
-    _wait(lambda: slurm.ended(job), "end after SIGTERM", slurm, job, first, timeout_sec=KILL_WAIT_SEC + 30)
-    exit_sec = time.monotonic() - signalled
-    text = first.read_text()
-    # Both tasks exit 0 (srun would say which did not, and the job would be FAILED), with no abort.
-    assert slurm.job_state(job) == ("COMPLETED", "0:0"), text[-4000:]
-    assert not re.search(r"srun: error|Terminating process|Traceback|^error:", text, flags=re.M), text[-4000:]
-    stopped = int(re.search(r"Preempted \(SIGTERM\) at step (\d+): checkpoint saved", text).group(1))
-    assert stopped < NUM_STEPS and checkpointing.complete_steps(str(workdir))[-1] == stopped
-    assert exit_sec < KILL_WAIT_SEC  # Before SLURM would SIGKILL a task that still ran.
+    """One workdir, three jobs of the same command (their launches are shared, as in
+    tests/test_multiprocess.py): a task killed, then a SIGTERM, then the run to its end."""
+    workdir = tmp_path / "run"
 
-    job = _sbatch(slurm, demo_data, workdir, second)
-    _wait(lambda: slurm.ended(job), "end of the resumed job", slurm, job, second)
-    text = second.read_text()
-    assert slurm.job_state(job) == ("COMPLETED", "0:0"), text[-4000:]
-    assert f"at step {stopped}" in text and "Resumed from" in text, text[-4000:]
-    assert f"Done: step {NUM_STEPS} of {NUM_STEPS}" in text
-
-
-@pytest.mark.slow
-def test_a_task_killed_under_the_sbatch_script_is_named_with_the_last_complete_checkpoint(
-        slurm, demo_data, tmp_path):
-    workdir, output = tmp_path / "run", tmp_path / "job.out"
+    # Job 1: task 1 killed (SIGKILL) once a checkpoint is complete. srun --kill-on-bad-exit SIGTERMs the
+    # survivor: it must speak before KillWait's SIGKILL, once, naming the dead task and the newest
+    # checkpoint complete on disk (the one the next launch resumes from).
+    output = tmp_path / "killed.out"
     job = _sbatch(slurm, demo_data, workdir, output)
     _wait(lambda: checkpointing.complete_steps(str(workdir)), "complete checkpoint", slurm, job, output)
     pid = slurm.task_pid(job, 1)
@@ -114,8 +95,6 @@ def test_a_task_killed_under_the_sbatch_script_is_named_with_the_last_complete_c
     ended_sec = time.monotonic() - killed
     text = output.read_text()
     errors = [line for line in text.splitlines() if line.startswith("error:")]
-    # srun --kill-on-bad-exit SIGTERMs the survivor: it must speak before KillWait's SIGKILL, once, naming
-    # the dead task and the newest checkpoint complete on disk (the one the next launch resumes from).
     assert len(errors) == 1, text[-4000:]
     newest = checkpointing.complete_steps(str(workdir))[-1]
     assert re.match(r"error: process 1 of 2 stopped responding .*no sign of life for 10 s \(while the job "
@@ -124,6 +103,32 @@ def test_a_task_killed_under_the_sbatch_script_is_named_with_the_last_complete_c
     assert "Terminating process" not in text and "task 0: Killed" not in text, text[-4000:]
     assert ended_sec < distributed.stopping_exit_bound_sec(distributed.DEFAULT_PEER_TIMEOUT_SEC) + 5
     assert slurm.job_state(job)[0] == "FAILED"
+
+    # Job 2: the same command resumes from that checkpoint; `scancel --signal=TERM` once it trains.
+    output = tmp_path / "preempted.out"
+    job = _sbatch(slurm, demo_data, workdir, output)
+    _wait(lambda: re.search(rf"\] step \d+/{NUM_STEPS}", _text(output)), "training step", slurm, job, output)
+    signalled = time.monotonic()
+    subprocess.run(["scancel", "--signal=TERM", job], env=slurm.env, check=True)
+    _wait(lambda: slurm.ended(job), "end after SIGTERM", slurm, job, output, timeout_sec=KILL_WAIT_SEC + 30)
+    exit_sec = time.monotonic() - signalled
+    text = output.read_text()
+    assert re.search(rf"Resumed from .* at step {newest}\b", text), text[-4000:]
+    # Both tasks exit 0 (srun would say which did not, and the job would be FAILED), with no abort.
+    assert slurm.job_state(job) == ("COMPLETED", "0:0"), text[-4000:]
+    assert not re.search(r"srun: error|Terminating process|Traceback|^error:", text, flags=re.M), text[-4000:]
+    stopped = int(re.search(r"Preempted \(SIGTERM\) at step (\d+): checkpoint saved", text).group(1))
+    assert newest < stopped < NUM_STEPS and checkpointing.complete_steps(str(workdir))[-1] == stopped
+    assert exit_sec < KILL_WAIT_SEC  # Before SLURM would SIGKILL a task that still ran.
+
+    # Job 3: the same command again, from the preemption's checkpoint to the end.
+    output = tmp_path / "resumed.out"
+    job = _sbatch(slurm, demo_data, workdir, output)
+    _wait(lambda: slurm.ended(job), "end of the resumed job", slurm, job, output)
+    text = output.read_text()
+    assert slurm.job_state(job) == ("COMPLETED", "0:0"), text[-4000:]
+    assert re.search(rf"Resumed from .* at step {stopped}\b", text), text[-4000:]
+    assert f"Done: step {NUM_STEPS} of {NUM_STEPS}" in text
 
 
 def test_start_up_mistakes_end_in_one_line_within_seconds(slurm, tmp_path):
