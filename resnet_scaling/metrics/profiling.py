@@ -5,6 +5,12 @@ WORKDIR/tensorboard/plugins/profile/<time>/, so `tensorboard --logdir WORKDIR/te
 "Profile" beside the scalars. The window's last step is waited for before the trace stops, so the trace
 holds its device work; those steps also count on the training clock, so leave the window out of a
 throughput measurement (or keep it short).
+
+Why not clu's `periodic_actions.Profile` (clu 0.0.12), as the flax example uses: it is called after a step,
+stops once its step count and a minimum duration (3 s by default) have both passed, without waiting for the
+device, so with asynchronous dispatch the trace can end before the window's last steps have run; and
+importing `clu.periodic_actions` imports TensorFlow, which a run on arrays or synthetic data never needs
+otherwise (and the GPU image has neither).
 """
 
 from __future__ import annotations

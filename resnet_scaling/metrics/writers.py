@@ -99,7 +99,12 @@ class TensorBoardWriter:
 
 
 class MetricWriters:
-    """Fans each record out to JSON lines and, where clu and TensorBoard are installed, event files."""
+    """Fans each record out to JSON lines and, where clu and TensorBoard are installed, event files.
+
+    Not clu's `MultiWriter` (clu 0.0.12): importing anything from `clu.metric_writers` imports TensorFlow,
+    and the JSON-lines writer must work without it (runs on arrays or synthetic data, the GPU image); clu
+    is imported only for the TensorBoard writer, lazily.
+    """
 
     def __init__(self, workdir: str, tensorboard: bool = True, config_text: str | None = None,
                  resume_step: int | None = None) -> None:
