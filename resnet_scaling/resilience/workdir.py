@@ -55,9 +55,10 @@ def as_path(workdir: str | os.PathLike[str]) -> epath.Path:
     text = os.fspath(workdir)
     if text.startswith("gs://"):
         require_gcs_client()
-    if "://" in text and importlib.util.find_spec("tensorflow") is not None:
+    if ("://" in text and "tensorflow" not in sys.modules
+            and importlib.util.find_spec("tensorflow") is not None):
         # epath reaches object stores through TensorFlow's gfile where TensorFlow is installed: imported
-        # here as the library imports it (GPUs hidden from it, its import notices off the console).
+        # here as the library imports it (GPUs hidden from it, its import notices off the console), once.
         tf_import.import_tensorflow_for_host()
     return epath.Path(text if "://" in text else os.path.abspath(text))
 
