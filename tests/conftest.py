@@ -54,19 +54,37 @@ jax.config.update("jax_compilation_cache_dir", _in_process_cache_dir())
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.3)
 
 
-def pytest_configure(config):
-    """With `-n 2`, xdist (`--dist load`) hands tests to its workers one at a time, to whichever frees first,
-    unless `--maxschedchunk` says otherwise. By default it sends each worker a run of consecutive tests at
-    once (a quarter of its share): the slow tests, which run first (below), would all go to one worker."""
-    if getattr(config.option, "maxschedchunk", "no xdist") is None:
-        config.option.maxschedchunk = 1
+# Modules whose tests share an expensive module fixture (a TPU topology's compiled reports, a prepared
+# dataset, finished runs): one xdist worker runs all of a module's tests and builds its fixtures once,
+# where two workers would each build them.
+SHARED_FIXTURE_MODULES = ("tests/test_compile.py", "tests/test_evaluate.py", "tests/test_init_from.py",
+                          "tests/test_mlperf_log.py", "tests/test_prepare.py")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """With `-n 2`: xdist's load scheduling (each test to whichever worker frees first, a few at a time)
+    with `SHARED_FIXTURE_MODULES` each sent whole, in the order below. (xdist's own `--dist loadgroup`
+    cannot do it with pytest 9: its workers rename `item._nodeid`, which pytest no longer reads.)"""
+    if config.getvalue("dist") != "load":  # An explicit --dist other than -n's default is left alone.
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureModulesWhole(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in SHARED_FIXTURE_MODULES else nodeid
+
+    config.option.loadscopereorder = False  # Keep the order below, not the largest units first.
+    return SharedFixtureModulesWhole(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Runs the tests marked `slow` (whole training launches, tens of seconds each) first, then the rest,
-    each group in collection order: both workers start on long tests and end together on short ones,
-    instead of one starting a long launch when the other has nothing left to run."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # Stable: keeps the order within.
+    """Runs the tests marked `slow` (whole training launches, tens of seconds each) first, then
+    `SHARED_FIXTURE_MODULES`, then the rest, each group in collection order: both workers start on long
+    work and end together on short tests, instead of one starting a long launch when the other has
+    nothing left to run."""
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
+                                 item.nodeid.split("::", 1)[0] not in SHARED_FIXTURE_MODULES))  # Stable.
 
 
 @pytest.fixture(scope="session", autouse=True)
