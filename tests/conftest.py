@@ -61,6 +61,7 @@ SHARED_FIXTURE_MODULES = ("tests/test_compile.py", "tests/test_evaluate.py", "te
                           "tests/test_mlperf_log.py", "tests/test_prepare.py")
 
 
+@pytest.hookimpl(optionalhook=True)  # An xdist hook: pytest without xdist (-p no:xdist) still runs.
 def pytest_xdist_make_scheduler(config, log):
     """With `-n 2`: xdist's load scheduling (each test to whichever worker frees first, a few at a time)
     with `SHARED_FIXTURE_MODULES` each sent whole, in the order below. (xdist's own `--dist loadgroup`
