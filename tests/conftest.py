@@ -61,6 +61,12 @@ SHARED_FIXTURE_MODULES = ("tests/test_compile.py", "tests/test_evaluate.py", "te
                           "tests/test_mlperf_log.py", "tests/test_prepare.py")
 
 
+def _shared_fixture_module(nodeid: str) -> str | None:
+    """The test's module if it is one of `SHARED_FIXTURE_MODULES`, else None."""
+    module = nodeid.split("::", 1)[0]
+    return module if module in SHARED_FIXTURE_MODULES else None
+
+
 @pytest.hookimpl(optionalhook=True)  # An xdist hook: pytest without xdist (-p no:xdist) still runs.
 def pytest_xdist_make_scheduler(config, log):
     """With `-n 2`: xdist's load scheduling (each test to whichever worker frees first, a few at a time)
@@ -72,8 +78,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class SharedFixtureModulesWhole(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return module if module in SHARED_FIXTURE_MODULES else nodeid
+            return _shared_fixture_module(nodeid) or nodeid
 
     config.option.loadscopereorder = False  # Keep the order below, not the largest units first.
     return SharedFixtureModulesWhole(config, log)
@@ -85,7 +90,7 @@ def pytest_collection_modifyitems(config, items):
     work and end together on short tests, instead of one starting a long launch when the other has
     nothing left to run."""
     items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
-                                 item.nodeid.split("::", 1)[0] not in SHARED_FIXTURE_MODULES))  # Stable.
+                                 _shared_fixture_module(item.nodeid) is None))  # Stable.
 
 
 @pytest.fixture(scope="session", autouse=True)
