@@ -1,18 +1,21 @@
 """Checkpoints with orbax: asynchronous saves, automatic resume, preemption, best and exported parameters.
 
 Layout under the workdir:
-  checkpoints/<step>/  the full train state plus `meta` (config fingerprint, clocks): the last K are kept.
-  best/<step>/         parameters and BN statistics of the best evaluation so far (by top-1).
+  checkpoints/<step>/  the full train state, `meta` (config, clocks, array fingerprints) and `metrics` (the
+                       step's evaluation, if any), in one orbax `CheckpointManager` whose preservation policy
+                       keeps the newest `checkpoint.keep` and the best evaluation by top-1.
   export/              the final parameters and BN statistics with the config, for `load_exported`.
 
 orbax writes each checkpoint into a temporary directory and renames it when complete, so a crash during
-a save never leaves a half-written checkpoint as the latest.
+a save never leaves a half-written checkpoint as the latest. Workdirs of versions before 0.3 kept the best
+evaluation's parameters apart, in best/<step>/; `load_exported` still reads such a directory.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from typing import Any
@@ -157,50 +160,70 @@ def check_compatible(saved: dict[str, Any], config: ml_collections.ConfigDict, d
             "Use another --workdir, or set these fields back to resume it.")
 
 
-def _barriers(name: str) -> ocp.options.MultiprocessingOptions:
-    """Barrier names of their own for one kind of save.
+def best_metric(metrics: dict[str, Any]) -> float:
+    """What orbax ranks checkpoints by: the evaluation's top-1. -inf, never kept as the best, for a save
+    without an evaluation and for an evaluation with a non-finite loss (a diverged state, which no later
+    evaluation could displace)."""
+    if not math.isfinite(metrics.get("eval_loss", math.nan)):
+        return -math.inf
+    return float(metrics["eval_top1"])
 
-    orbax names its cross-process barriers after the step (`async_write_complete.<step>`), so two
-    managers saving the same step (evaluation, best/ and the regular checkpoint coinciding) would take
-    each other's barriers: one process timed out while the other hung. A prefix per manager keeps them
-    apart.
-    """
-    return ocp.options.MultiprocessingOptions(barrier_sync_key_prefix=name)
+
+def _manager_options(config: ml_collections.ConfigDict | None = None) -> ocp.CheckpointManagerOptions:
+    """One manager's options: a run's (the newest `checkpoint.keep` and the best evaluation kept) or, for
+    `config=None`, a reader's, which never saves (not orbax's `read_only`, which logs two warnings at every
+    creation). `best_fn` makes orbax write and read back each step's metrics, without which the best is
+    forgotten at a relaunch and deleted."""
+    if config is None:
+        return ocp.CheckpointManagerOptions(create=False, best_fn=best_metric)
+    c = config.checkpoint
+    policies = [ocp.checkpoint_managers.LatestN(n=c.keep)]
+    if c.keep_best:
+        policies.append(ocp.checkpoint_managers.BestN(get_metric_fn=best_metric, n=1,
+                                                      keep_checkpoints_without_metrics=False))
+    return ocp.CheckpointManagerOptions(
+        best_fn=best_metric, preservation_policy=ocp.checkpoint_managers.AnyPreservationPolicy(policies),
+        enable_async_checkpointing=c.async_save, cleanup_tmp_directories=True, create=True)
+
+
+def best_step(workdir: str) -> int | None:
+    """The step of WORKDIR/checkpoints whose evaluation had the best top-1 (the later on a tie), or None
+    when no kept checkpoint was evaluated."""
+    directory = workdir_lib.as_path(workdir) / "checkpoints"
+    if not directory.is_dir():
+        return None
+    manager = ocp.CheckpointManager(directory, options=_manager_options())
+    try:
+        return _evaluated_best(manager)
+    finally:
+        manager.close()
+
+
+def _evaluated_best(manager: ocp.CheckpointManager) -> int | None:
+    step = manager.best_step()
+    if step is None or best_metric(manager.metrics(step) or {}) == -math.inf:
+        return None
+    return step
 
 
 class Checkpointer:
     """Saves and restores the train state under `workdir`; one per run, created on every process."""
 
     def __init__(self, workdir: str, config: ml_collections.ConfigDict) -> None:
-        c = config.checkpoint
         self._config = config
         root = workdir_lib.as_path(workdir)
         self._workdir = workdir
         self.directory = str(root / "checkpoints")
-        self._manager = ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(
-                max_to_keep=c.keep, enable_async_checkpointing=c.async_save, cleanup_tmp_directories=True,
-                create=True, multiprocessing_options=_barriers("checkpoints")),
-            item_names=("state", "meta"),
-        )
-        self._best_manager = None
-        if c.keep_best:
-            self._best_manager = ocp.CheckpointManager(
-                root / "best",
-                # Written only when an evaluation beats every earlier one, so the newest is the best.
-                options=ocp.CheckpointManagerOptions(
-                    max_to_keep=1, enable_async_checkpointing=c.async_save, cleanup_tmp_directories=True,
-                    create=True, multiprocessing_options=_barriers("best")),
-                item_names=("variables", "meta"),
-            )
-            self._best_top1 = self._saved_best_top1()
+        self._manager = ocp.CheckpointManager(self.directory, options=_manager_options(config),
+                                              item_names=("state", "meta"))
         self._export_directory = str(root / "export")
         self.last_started_step: int | None = None
 
-    def save(self, step: int, state: Any, clock: dict[str, float]) -> None:
+    def save(self, step: int, state: Any, clock: dict[str, float],
+             eval_metrics: dict[str, float] | None = None) -> None:
         """Starts saving `state` at `step` (returns once the arrays are copied off the device), with the
-        fingerprint of every array (`state_checks`), verified on restore.
+        fingerprint of every array (`state_checks`), verified on restore, and the step's evaluation, by
+        which the best checkpoint is kept.
 
         Raises:
           CheckpointSaveError: an earlier background save failed, or this one could not start.
@@ -217,9 +240,12 @@ class Checkpointer:
         meta = {"step": int(step), "config": config_fingerprint(self._config), "clock": clock,
                 "run_config": json.loads(self._config.to_json_best_effort()),
                 "fingerprints": state_checks.fingerprint(state)}
+        evaluated = eval_metrics if self._config.checkpoint.keep_best else None  # No best, no ranking.
+        metrics = {k: float(v) for k, v in (evaluated or {}).items() if k in ("eval_top1", "eval_loss")}
         try:
             self._manager.save(step, args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+                metrics=metrics, force=True)
         except Exception as e:  # noqa: BLE001 - any failure to save ends the run with its cause named.
             raise self._save_error(step, e) from e
         self.last_started_step = step
@@ -227,13 +253,10 @@ class Checkpointer:
     def check_saves(self) -> None:
         """Raises `CheckpointSaveError` if a background save has failed since the last check (a full disk,
         a revoked permission), so that a run never trains on for hours believing it is checkpointed."""
-        for manager in (self._manager, self._best_manager):
-            if manager is None:
-                continue
-            try:
-                manager.check_for_errors()
-            except Exception as e:  # noqa: BLE001
-                raise self._save_error(self.last_started_step, e) from e
+        try:
+            self._manager.check_for_errors()
+        except Exception as e:  # noqa: BLE001
+            raise self._save_error(self.last_started_step, e) from e
 
     def _save_error(self, step: int | None, error: Exception) -> CheckpointSaveError:
         # From the disk, not orbax's list: that may still hold the step whose save just failed.
@@ -241,33 +264,6 @@ class Checkpointer:
         return CheckpointSaveError(f"Saving the checkpoint of step {step} failed: "
                                    f"{workdir_lib.describe_os_error(error)}. "
                                    f"{where_to_resume(last, self.directory)}")
-
-    def _saved_best_top1(self) -> float:
-        """Top-1 of the best evaluation saved by an earlier run in this workdir (-inf if none)."""
-        step = self._best_manager.latest_step()
-        if step is None:
-            return float("-inf")
-        try:
-            meta = self._best_manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-            return float(meta["meta"]["eval"]["eval_top1"])
-        except Exception as e:  # noqa: BLE001 - an unreadable best checkpoint is replaced by the next.
-            logger.warning("Ignoring unreadable best checkpoint at step %d: %s", step, e)
-            return float("-inf")
-
-    def save_best(self, step: int, state: Any, eval_metrics: dict[str, float]) -> None:
-        """Keeps the parameters of the best evaluation so far (by top-1) in `best/`; never those of an
-        evaluation with a non-finite loss (a diverged state), which no later evaluation could displace."""
-        if self._best_manager is None or eval_metrics["eval_top1"] <= self._best_top1:
-            return
-        if not np.isfinite(eval_metrics["eval_loss"]):
-            logger.warning("Not keeping step %d as the best: its evaluation loss is %s.", step,
-                           eval_metrics["eval_loss"])
-            return
-        self._best_top1 = float(eval_metrics["eval_top1"])
-        variables = {"params": state.params, "batch_stats": state.batch_stats}
-        meta = {"step": int(step), "config": self._config.to_dict(), "eval": eval_metrics}
-        self._best_manager.save(step, args=ocp.args.Composite(
-            variables=ocp.args.StandardSave(variables), meta=ocp.args.JsonSave(meta)), force=True)
 
     def restore_latest(self, abstract_state: Any) -> tuple[Any, dict[str, Any]] | None:
         """Restores the newest complete, readable checkpoint into `abstract_state`'s shardings.
@@ -348,7 +344,10 @@ class Checkpointer:
         if not state_checks.all_finite(variables):
             raise FloatingPointError("The final parameters hold NaN or infinite values: not exporting them; "
                                      f"the checkpoints in {self.directory} are unchanged.")
-        checkpointer = ocp.StandardCheckpointer(multiprocessing_options=_barriers("export"))
+        # Barriers of its own: orbax names a save's barriers after the step, and the final checkpoint's save
+        # may still be under way (two processes then took each other's barriers: one timed out, one hung).
+        checkpointer = ocp.StandardCheckpointer(
+            multiprocessing_options=ocp.options.MultiprocessingOptions(barrier_sync_key_prefix="export"))
         path = epath.Path(self._export_directory) / "variables"
         checkpointer.save(path, variables, force=True)
         checkpointer.wait_until_finished()
@@ -370,9 +369,10 @@ class Checkpointer:
 
     def paths(self, exported: bool) -> dict[str, str]:
         """What this checkpointer writes, for the closing headline: checkpoints, best and exported weights."""
+        self.wait()  # The headline names complete checkpoints only, the best found by their metrics on disk.
         paths = {"checkpoints": self.directory}
-        if self._best_manager is not None and self._best_top1 > float("-inf"):  # Some evaluation saved.
-            paths["best weights"] = str(self._best_manager.directory)
+        if self._config.checkpoint.keep_best and (best := _evaluated_best(self._manager)) is not None:
+            paths["best weights"] = str(epath.Path(self.directory) / str(best))
         if exported:
             paths["exported weights"] = self._export_directory
         return paths
@@ -383,19 +383,14 @@ class Checkpointer:
         Raises:
           CheckpointSaveError: a save under way failed (orbax re-raises its writer's error here).
         """
-        for manager in (self._manager, self._best_manager):
-            if manager is None:
-                continue
-            try:
-                manager.wait_until_finished()
-            except Exception as e:  # noqa: BLE001 - named like any other failed save.
-                raise self._save_error(self.last_started_step, e) from e
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 - named like any other failed save.
+            raise self._save_error(self.last_started_step, e) from e
 
     def close(self) -> None:
         self.wait()
         self._manager.close()
-        if self._best_manager is not None:
-            self._best_manager.close()
 
 
 def _move_tree(source: epath.Path, target: epath.Path) -> None:
@@ -438,27 +433,30 @@ def describe_checkpoint_error(error: BaseException) -> str:
     return f"{cause} ({described})" if cause else described
 
 
-def _restore_to_host(path: str) -> Any:
-    """Restores a standard orbax checkpoint onto this process's first device, whatever topology wrote it.
+def _restore_to_host(path: epath.Path) -> dict[str, Any]:
+    """Restores the parameters and BN statistics of an orbax checkpoint item (a train state's, or an
+    export's variables) as NumPy, whatever topology wrote it.
 
-    Through the item's handler, not a `Checkpointer`: a best/ step's `variables/` is one item of a
-    manager's step, whose step metadata lies a level up, and a Checkpointer pointed at the item warns
-    "Metadata file does not exist" on every load."""
-    path = epath.Path(path)
-    handler = ocp.StandardCheckpointHandler()
+    Through the item's handler, not a `Checkpointer`: the item lies inside a manager's step, whose step
+    metadata is a level up (a Checkpointer pointed at the item warns "Metadata file does not exist" on every
+    load). `partial_restore` leaves the optimizer state on disk; the restore arguments place every array on
+    this process's first device instead of the saved shardings."""
+    handler = ocp.PyTreeCheckpointHandler()
     try:
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                              handler.metadata(path))
-        return jax.tree.map(np.asarray, handler.restore(path, args=ocp.args.StandardRestore(target)))
+        saved = handler.metadata(path).tree
+        target = {k: jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), saved[k])
+                  for k in ("params", "batch_stats")}
+        restored = handler.restore(path, args=ocp.args.PyTreeRestore(
+            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+            partial_restore=True))
+        return jax.tree.map(np.asarray, restored)
     finally:
         handler.close()
 
 
-def parameter_steps(directory: str) -> list[int]:
-    """The numbered steps of a best/ directory that hold parameters, oldest first (none in a workdir's
-    checkpoints/, whose steps hold full train states)."""
-    directory = epath.Path(directory)
+def _legacy_best_steps(directory: epath.Path) -> list[int]:
+    """The steps of an earlier version's best/ directory (`<step>/variables`), oldest first."""
     names = [p.name for p in directory.iterdir()] if directory.is_dir() else []
     return sorted(int(n) for n in names if n.isdigit() and (directory / n / "variables").is_dir())
 
@@ -469,12 +467,43 @@ def is_export_directory(path: str) -> bool:
     return (path / "variables").is_dir() and (path / "config.json").is_file()
 
 
+def _is_checkpoint(path: epath.Path) -> bool:
+    return path.name.isdigit() and (path / "state").is_dir() and (path / "meta").is_dir()
+
+
+def holds_parameters(path: str) -> bool:
+    """Whether `load_exported` reads parameters from `path` itself: an export/ directory, a checkpoint
+    (WORKDIR/checkpoints/<step>) or an earlier version's best/ directory (a workdir is none of these)."""
+    path = epath.Path(path)
+    return is_export_directory(path) or _is_checkpoint(path) or bool(_legacy_best_steps(path))
+
+
+def best_weights(workdir: str) -> epath.Path | None:
+    """Where a workdir's best evaluation's parameters are: its checkpoint (`best_step`), or the best/
+    directory an earlier version wrote; None when it has neither."""
+    step = best_step(workdir)
+    if step is not None:
+        return workdir_lib.as_path(workdir) / "checkpoints" / str(step)
+    legacy = workdir_lib.as_path(workdir) / "best"
+    return legacy if _legacy_best_steps(legacy) else None
+
+
+def saved_step(path: str) -> int | None:
+    """The step whose parameters `load_exported(path)` reads: None for an export (it has none)."""
+    path = epath.Path(path)
+    if _is_checkpoint(path):
+        return int(path.name)
+    steps = _legacy_best_steps(path)
+    return steps[-1] if steps and not is_export_directory(path) else None
+
+
 def load_exported(path: str) -> tuple[dict[str, Any], ml_collections.ConfigDict]:
-    """Loads parameters and BN statistics from a workdir, its `export/` or its `best/` directory.
+    """Loads parameters and BN statistics with the run's config.
 
     Args:
-      path: a workdir (loads its `export/`), an `export/` directory, or a `best/` directory (loads the
-        best evaluation's parameters).
+      path: a workdir (loads its `export/`), an `export/` directory, a checkpoint (WORKDIR/checkpoints/
+        <step>, for example the best evaluation's: `best_weights(workdir)`), or an earlier version's
+        `best/` directory.
 
     Returns:
       `(variables, config)`: NumPy `{'params': ..., 'batch_stats': ...}` for `model.apply` and the
@@ -489,11 +518,13 @@ def load_exported(path: str) -> tuple[dict[str, Any], ml_collections.ConfigDict]
     if is_export_directory(path):
         config_dict = json.loads((path / "config.json").read_text())
         variables_path = path / "variables"
-    else:
-        steps = parameter_steps(path)
-        if not steps:
-            raise FileNotFoundError(f"No exported or best parameters under {path}: expected a workdir, "
-                                    "its export/ or its best/ directory.")
+    elif _is_checkpoint(path):
+        config_dict = json.loads((path / "meta" / "metadata").read_text())["run_config"]
+        variables_path = path / "state"
+    elif steps := _legacy_best_steps(path):
         config_dict = json.loads((path / str(steps[-1]) / "meta" / "metadata").read_text())["config"]
         variables_path = path / str(steps[-1]) / "variables"
-    return dict(_restore_to_host(variables_path)), config_lib.config_from_saved(config_dict)
+    else:
+        raise FileNotFoundError(f"No exported parameters or checkpoint at {path}: expected a workdir, its "
+                                "export/ directory or one of its checkpoints (checkpoints/<step>).")
+    return _restore_to_host(variables_path), config_lib.config_from_saved(config_dict)

@@ -66,7 +66,8 @@ def get_base_config() -> ml_collections.ConfigDict:
     # backend runs fastest on CPUs and nn.Conv / nn.max_pool on TPUs and GPUs; same parameters, same outputs.
     config.model.lowering = "auto"
     # Start from these weights instead of random ones: a torchvision ResNet state dict saved as .npz, a
-    # workdir (its export/), or an export/ or best/ directory. A run resuming its own checkpoint ignores it.
+    # workdir (its export/), an export/ directory or a checkpoint (WORKDIR/checkpoints/<step>). A run
+    # resuming its own checkpoint ignores it.
     config.model.init_from = ""
     config.model.init_skip_classifier = False  # Start the classifier afresh (fine-tuning, other classes).
 
@@ -189,7 +190,8 @@ def get_base_config() -> ml_collections.ConfigDict:
     config.checkpoint.every_examples = placeholder(int)
     config.checkpoint.every_epochs = 1.0
     config.checkpoint.keep = 3  # Newest full checkpoints kept.
-    config.checkpoint.keep_best = True  # Also keep the parameters of the best evaluation in WORKDIR/best.
+    # Save at every evaluation too, and keep the best evaluation's checkpoint besides the newest `keep`.
+    config.checkpoint.keep_best = True
     config.checkpoint.async_save = True  # Write in the background while training goes on.
     config.checkpoint.export = True  # Write the final parameters to WORKDIR/export at the end.
     # When every checkpoint of the workdir is unreadable (moved to unreadable_checkpoints/), train from step
@@ -479,7 +481,7 @@ def _check(v: _Problems, config: ml_collections.ConfigDict, num_devices: int | N
 
 
 def config_from_saved(values: Mapping[str, Any]) -> ml_collections.ConfigDict:
-    """A saved run's config (`config.to_dict()`, as export/ and best/ hold it) over today's
+    """A saved run's config (as export/ and checkpoints hold it) over today's
     `get_base_config()`: fields added since the run was saved take their defaults, so that older workdirs
     still validate and build; every saved value is kept."""
     config = get_base_config()

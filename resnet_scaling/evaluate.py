@@ -1,9 +1,9 @@
 """Evaluation only: `python -m resnet_scaling.evaluate --workdir=DIR [--weights=export|best] [--split=SPLIT]`.
 
-Loads a run's final (`export/`) or best (`best/`) parameters with the run's own config, makes one exact
-pass over its evaluation split and writes `WORKDIR/eval_<weights>_<split>.json` (`evaluation.py`, which
-`evaluate_workdir` runs from Python). Override data or evaluation settings for a dataset that moved:
-`--override=data.data_dir=/mnt/tfds`.
+Loads a run's final (`export/`) or best (its best evaluation's checkpoint) parameters with the run's own
+config, makes one exact pass over its evaluation split and writes `WORKDIR/eval_<weights>_<split>.json`
+(`evaluation.py`, which `evaluate_workdir` runs from Python). Override data or evaluation settings for a
+dataset that moved: `--override=data.data_dir=/mnt/tfds`.
 
 The package imports `evaluation.py`, never this module: `python -m` would otherwise find the module it is
 about to run already imported, and runpy warns.
@@ -25,7 +25,8 @@ from resnet_scaling.evaluation import evaluate_workdir, format_result
 def _define_flags() -> None:
     from absl import flags
 
-    flags.DEFINE_string("workdir", None, "The run's workdir (holding export/ or best/).", required=True)
+    flags.DEFINE_string("workdir", None, "The run's workdir (holding export/ or evaluated checkpoints).",
+                        required=True)
     flags.DEFINE_enum("weights", "export", predict.WEIGHTS,
                       "The final (export) or the best evaluation's parameters.")
     flags.DEFINE_string("split", None, "A TFDS split to evaluate instead of config.data.eval_split.")

@@ -1,9 +1,9 @@
 """Evaluation only, from Python: `evaluate_workdir(workdir, weights="export"|"best", split=None)`, and the
 command `python -m resnet_scaling.evaluate` (evaluate.py) that wraps it.
 
-Loads a run's final (`export/`) or best (`best/`) parameters with the run's own config, rebuilds its
-evaluation input from that config and makes one exact pass over the split (the last batch padded and
-masked, as in the trainer's evaluations), then writes `WORKDIR/eval_<weights>_<split>.json`.
+Loads a run's final (`export/`) or best (its best evaluation's checkpoint) parameters with the run's own
+config, rebuilds its evaluation input from that config and makes one exact pass over the split (the last
+batch padded and masked, as in the trainer's evaluations), then writes `WORKDIR/eval_<weights>_<split>.json`.
 `evaluate_workdir` also takes the arrays of a run trained on in-memory arrays. Override data or evaluation
 settings for a dataset that moved: `overrides={"data.data_dir": "/mnt/tfds"}`.
 """
@@ -48,7 +48,7 @@ def evaluate_workdir(
     """Evaluates a run's exported or best parameters over its evaluation split, exactly.
 
     Args:
-      workdir: the run's workdir (holding `export/` or `best/`).
+      workdir: the run's workdir (holding `export/` or evaluated checkpoints).
       weights: "export" (the final parameters) or "best" (those of the best evaluation).
       split: a TFDS split to evaluate instead of `config.data.eval_split` (TFDS sources only).
       arrays: for a run with `config.data.source == "arrays"`: `(eval_images, eval_labels)`, or the

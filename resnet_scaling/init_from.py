@@ -1,6 +1,7 @@
 """Start training from existing weights (`config.model.init_from`): a torchvision `.npz`, a workdir (its
-exported weights), an `export/` or a `best/` directory. With `model.init_skip_classifier` the classifier
-starts afresh, for fine-tuning on another number of classes; any other mismatch is refused, naming it.
+exported weights), an `export/` directory or a checkpoint (`WORKDIR/checkpoints/<step>`). With
+`model.init_skip_classifier` the classifier starts afresh, for fine-tuning on another number of classes;
+any other mismatch is refused, naming it.
 
 Only parameters and batch-norm statistics are taken; the step, the optimizer state and the schedule start
 from zero. A run that resumes from its own checkpoint ignores `init_from`.
@@ -25,11 +26,11 @@ logger = logging.getLogger(__name__)
 
 
 def load_variables(path: str, model: models.ResNet, skip_classifier: bool) -> dict[str, Any]:
-    """`{'params': ..., 'batch_stats': ...}` as NumPy, from a torchvision `.npz` or an exported/best
-    directory; without the classifier when `skip_classifier`."""
+    """`{'params': ..., 'batch_stats': ...}` as NumPy, from a torchvision `.npz`, an export or a
+    checkpoint; without the classifier when `skip_classifier`."""
     if not epath.Path(path).exists():
         raise ConfigError(f"{FIELD}: {path!r} does not exist; give a torchvision .npz, a workdir, or its "
-                          "export/ or best/ directory.")
+                          "export/ directory or a checkpoint (WORKDIR/checkpoints/<step>).")
     if path.endswith(".npz"):
         try:
             return weights.load_torchvision_file(path, model, skip_classifier)

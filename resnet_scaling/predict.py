@@ -88,7 +88,7 @@ class Predictor:
         """The predictor of a run's final (`weights="export"`) or best (`"best"`) parameters.
 
         Args:
-          path: a workdir, or directly its `export/` or `best/` directory (then `weights` is ignored).
+          path: a workdir, or directly its `export/` or one of its checkpoints (then `weights` is ignored).
           weights: "export" or "best".
           **kwargs: `batch_size`, `device`.
         """
@@ -199,12 +199,13 @@ def load_run(path: str, weights: str = "export") -> tuple[dict[str, Any], ml_col
     """`(variables, config, step)` of a run's final or best parameters, the variables NumPy on the host.
 
     Args:
-      path: a workdir, or directly its `export/` or `best/` directory (then `weights` is not read).
-      weights: "export" (the final parameters) or "best" (those of the best evaluation).
+      path: a workdir, or directly its `export/` directory or one of its checkpoints (`checkpoints/<step>`;
+        then `weights` is not read).
+      weights: "export" (the final parameters) or "best" (those of the best evaluation's checkpoint).
 
     Returns:
       The variables (`{'params': ..., 'batch_stats': ...}`), the run's config over today's defaults
-      (`config.config_from_saved`), and the best evaluation's step (None for the export, which has none).
+      (`config.config_from_saved`), and the checkpoint's step (None for the export, which has none).
 
     Raises:
       FileNotFoundError: no such parameters, saying what writes them.
@@ -212,23 +213,21 @@ def load_run(path: str, weights: str = "export") -> tuple[dict[str, Any], ml_col
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}.")
     directory = path
-    if not _is_parameters_directory(path):
+    if not checkpointing.holds_parameters(path):
         if not epath.Path(path).is_dir():
             raise FileNotFoundError(f"No workdir {path}.")
-        directory = str(epath.Path(path) / weights)
-        if weights == "export" and not _is_parameters_directory(directory):
+        if weights == "export":
+            directory = str(epath.Path(path) / "export")
+            if not checkpointing.is_export_directory(directory):
+                raise FileNotFoundError(
+                    f"{path} has no export/: a run writes it when it finishes (config.checkpoint.export). "
+                    "Use the best evaluation's parameters (--weights=best) or finish the run.")
+        elif (best := checkpointing.best_weights(path)) is not None:
+            directory = str(best)
+        else:
             raise FileNotFoundError(
-                f"{path} has no export/: a run writes it when it finishes (config.checkpoint.export). "
-                "Use the best evaluation's parameters (--weights=best) or finish the run.")
-        if weights == "best" and not _is_parameters_directory(directory):
-            raise FileNotFoundError(
-                f"{path} has no best/ parameters: a run keeps them at every evaluation that improves top-1 "
-                "(config.checkpoint.keep_best). Use the final parameters (--weights=export).")
+                f"{path} has no evaluated checkpoint for the best parameters: a run keeps its best "
+                "evaluation's checkpoint in checkpoints/ (config.checkpoint.keep_best). Use the final "
+                "parameters (--weights=export).")
     variables, saved = checkpointing.load_exported(directory)
-    steps_saved = checkpointing.parameter_steps(directory)
-    return variables, saved, (steps_saved[-1] if steps_saved else None)
-
-
-def _is_parameters_directory(path: str) -> bool:
-    """Whether `path` is an export/ or a best/ directory (a workdir holds neither itself)."""
-    return checkpointing.is_export_directory(path) or bool(checkpointing.parameter_steps(path))
+    return variables, saved, checkpointing.saved_step(directory)

@@ -238,6 +238,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                 if is_writer:
                     _log_train(plan, record)
                     writers.write(step, record)
+            eval_metrics = None
             if eval_due:
                 with clock.paused(wait_for=state):  # Evaluation stays off the training clock.
                     mlperf.eval_start(step)
@@ -249,18 +250,18 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                     result.eval_history.append(eval_metrics)
                     if is_writer:
                         writers.write(step, eval_metrics)
-                    if checkpointer is not None:
-                        checkpointer.save_best(step, state, eval_metrics)
                     goodput.record(step, clock.launch_sec())
             result.preempted = watcher.reached(step)
-            save_due = _due(step, plan.checkpoint_every_steps, last) or result.preempted or stopped
+            # Every evaluated state is saved with its metrics: the best evaluation's checkpoint is kept.
+            save_due = (_due(step, plan.checkpoint_every_steps, last) or result.preempted or stopped
+                        or (eval_due and config.checkpoint.keep_best))
             if checkpointer is not None and save_due:
                 with clock.paused(wait_for=state):  # Checkpointing stays off the training clock too.
                     # A checkpoint must never hold a diverged state: the losses since the last fetch, then the
                     # state itself (finite, not exploding).
                     guard.check_losses(buffer.fetch())
                     guard.check_state(step, state)
-                    _save(checkpointer, step, state, clock)
+                    _save(checkpointer, step, state, clock, eval_metrics)
                     goodput.record(step, clock.launch_sec(), checkpoint=True)
             if result.preempted:
                 log("Preempted (%s) at step %d: %s. Run the same command to resume.", watcher.signal_name,
@@ -369,10 +370,11 @@ def _log_compiled(log: Callable[..., None], compiled: Any, compile_sec: float) -
 
 
 def _save(checkpointer: checkpointing.Checkpointer, step: int, state: steps.TrainState,
-          clock: metrics_lib.RunClock) -> None:
-    """Starts a checkpoint of `state` with the clocks, counting the time on the checkpoint clock."""
+          clock: metrics_lib.RunClock, eval_metrics: dict[str, float] | None) -> None:
+    """Starts a checkpoint of `state` with the clocks and the step's evaluation, counting the time on the
+    checkpoint clock."""
     save_start = time.perf_counter()
-    checkpointer.save(step, state, clock.state_dict())
+    checkpointer.save(step, state, clock.state_dict(), eval_metrics)
     clock.checkpoint_sec += time.perf_counter() - save_start
 
 

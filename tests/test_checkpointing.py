@@ -45,7 +45,7 @@ def _assert_bitwise_equal(a, b):
         np.testing.assert_array_equal(x, y)
 
 
-def test_only_the_last_k_checkpoints_are_kept_and_the_best_parameters_are_saved(tmp_path, monkeypatch):
+def test_the_last_k_checkpoints_and_the_best_evaluations_are_kept(tmp_path, monkeypatch):
     evaluated = {}  # step -> the variables each evaluation saw, recorded apart from the checkpointer.
     real_evaluate = trainer.evaluate
 
@@ -56,12 +56,14 @@ def test_only_the_last_k_checkpoints_are_kept_and_the_best_parameters_are_saved(
 
     monkeypatch.setattr(trainer, "evaluate", recording_evaluate)
     result = _train(tmp_path, checkpoint__keep=2, eval__every_epochs=0.5)
-    assert sorted(int(s) for s in os.listdir(tmp_path / "checkpoints") if s.isdigit()) == [6, 8]
-    best_steps = [int(s) for s in os.listdir(tmp_path / "best") if s.isdigit()]
-    best_eval = max(result.eval_history, key=lambda r: r["eval_top1"])
-    assert best_steps == [best_eval["step"]] and sorted(evaluated) == [3, 6, 8]
-    # best/ holds the variables of the best evaluation's step, not those of another step.
-    best_variables, _ = checkpointing.load_exported(str(tmp_path / "best"))
+    assert sorted(evaluated) == [3, 6, 8]
+    # The best by top-1, the later of a tie (orbax's BestN keeps the last of equals).
+    best_eval = max(reversed(result.eval_history), key=lambda r: r["eval_top1"])
+    kept = sorted(int(s) for s in os.listdir(tmp_path / "checkpoints") if s.isdigit())
+    assert kept == sorted({6, 8, best_eval["step"]})
+    assert checkpointing.best_step(str(tmp_path)) == best_eval["step"]
+    # The best checkpoint holds the variables of the best evaluation's step, not those of another step.
+    best_variables, _ = checkpointing.load_exported(str(checkpointing.best_weights(str(tmp_path))))
     _assert_bitwise_equal(best_variables, evaluated[best_eval["step"]])
     for step in set(evaluated) - {best_eval["step"]}:  # ...which differ from step to step.
         leaves = zip(jax.tree.leaves(best_variables), jax.tree.leaves(evaluated[step]), strict=True)
@@ -75,8 +77,10 @@ def test_exported_parameters_load_with_one_call_and_rebuild_the_model(tmp_path):
     model = models.model_from_config(config)
     logits = model.apply(variables, np.zeros((2, 32, 32, 3), np.float32), train=False)
     assert logits.shape == (2, 10)
-    best_variables, _ = checkpointing.load_exported(str(tmp_path / "best"))
-    assert set(best_variables) == {"params", "batch_stats"}
+    # A checkpoint's parameters load the same way: the last is the final state's.
+    last_variables, last_config = checkpointing.load_exported(str(tmp_path / "checkpoints" / "8"))
+    _assert_bitwise_equal(last_variables, variables)
+    assert last_config.to_dict() == config.to_dict()
 
 
 def test_a_checkpoint_written_on_8_devices_resumes_on_4(tmp_path):
@@ -329,7 +333,51 @@ def test_sigterm_and_sigkill_at_random_steps_then_resume_give_the_uninterrupted_
     _assert_bitwise_equal(variables["batch_stats"], reference["batch_stats"])
 
 
-def test_a_non_finite_state_never_enters_best_or_export(tmp_path):
+def test_the_best_evaluation_outlives_relaunches_and_a_non_finite_one_is_never_best(tmp_path):
+    from resnet_scaling import training_setup
+
+    config = tiny_config(checkpoint__enabled=True, checkpoint__async_save=False, checkpoint__keep=2)
+    state = training_setup.setup(config, arrays=random_arrays()).state
+
+    def launch(saves):  # A new Checkpointer each time, as a relaunch makes.
+        checkpointer = checkpointing.Checkpointer(str(tmp_path), config)
+        try:
+            for step, metrics in saves:
+                checkpointer.save(step, state.replace(step=step), {}, metrics)
+        finally:
+            checkpointer.close()
+        return sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+
+    best = {"eval_top1": 0.5, "eval_loss": 1.0}
+    nan_loss = {"eval_top1": 0.9, "eval_loss": float("nan")}  # The highest top-1, from a diverged state.
+    assert launch([(1, None), (2, best), (3, None), (4, nan_loss)]) == [2, 3, 4]
+    assert launch([(5, None), (6, {"eval_top1": 0.4, "eval_loss": 0.5}), (7, None)]) == [2, 6, 7]
+    assert checkpointing.best_step(str(tmp_path)) == 2
+    assert launch([(8, {"eval_top1": 0.5, "eval_loss": 0.9})]) == [7, 8]  # A tie: the later is kept.
+    assert checkpointing.best_step(str(tmp_path)) == 8
+
+
+def test_an_earlier_versions_best_directory_still_loads(tmp_path):
+    import orbax.checkpoint as ocp
+
+    from resnet_scaling import predict, training_setup
+
+    config = tiny_config()
+    state = training_setup.setup(config, arrays=random_arrays()).state
+    variables = jax.device_get({"params": state.params, "batch_stats": state.batch_stats})
+    # best/ as earlier versions wrote it: a manager of its own, items `variables` and `meta`.
+    manager = ocp.CheckpointManager(tmp_path / "best", item_names=("variables", "meta"))
+    meta = {"step": 6, "config": config.to_dict(), "eval": {"eval_top1": 0.5, "eval_loss": 1.0}}
+    manager.save(6, args=ocp.args.Composite(variables=ocp.args.StandardSave(variables),
+                                            meta=ocp.args.JsonSave(meta)))
+    manager.wait_until_finished()
+    manager.close()
+    loaded, loaded_config, step = predict.load_run(str(tmp_path), "best")
+    _assert_bitwise_equal(loaded, variables)
+    assert step == 6 and loaded_config.model.name == config.model.name
+
+
+def test_a_non_finite_state_is_never_exported(tmp_path):
     from resnet_scaling import training_setup
 
     config = tiny_config(checkpoint__enabled=True, checkpoint__async_save=False)
@@ -337,11 +385,8 @@ def test_a_non_finite_state_never_enters_best_or_export(tmp_path):
     nan_state = state.replace(params=jax.tree.map(lambda x: x * np.nan, state.params))
     checkpointer = checkpointing.Checkpointer(str(tmp_path), config)
     try:
-        checkpointer.save_best(1, nan_state, {"eval_top1": 0.5, "eval_loss": float("nan")})
         with pytest.raises(FloatingPointError, match="not exporting"):
             checkpointer.export(nan_state)
-        checkpointer.save_best(2, state, {"eval_top1": 0.1, "eval_loss": 2.3})  # A finite one is kept.
     finally:
         checkpointer.close()
-    assert sorted(p.name for p in (tmp_path / "best").iterdir() if p.name.isdigit()) == ["2"]
     assert not (tmp_path / "export").exists()

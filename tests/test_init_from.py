@@ -28,7 +28,8 @@ def trained(tmp_path_factory):
 
 @pytest.mark.parametrize("where", ["workdir", "export", "best"])
 def test_training_starts_from_a_runs_weights(trained, where):
-    path = {"workdir": trained, "export": trained / "export", "best": trained / "best"}[where]
+    path = {"workdir": trained, "export": trained / "export",
+            "best": checkpointing.best_weights(str(trained))}[where]
     expected, _ = checkpointing.load_exported(str(path))
     run = training_setup.setup(tiny_config(model__init_from=str(path)), arrays=random_arrays(seed=1))
     for got, want in zip(_leaves({"params": run.state.params, "batch_stats": run.state.batch_stats}),

@@ -2,8 +2,8 @@
 
 One scenario, so that the job launches (each a few seconds of start-up and compiling) are shared:
 
-- launch 1: 2 processes x 2 CPU devices train, evaluating, saving best/ and a checkpoint on the same steps
-  (every 4th), all asynchronously; process 1 is killed (SIGKILL) after step 6, once the checkpoint of
+- launch 1: 2 processes x 2 CPU devices train, evaluating and saving a checkpoint with the evaluation's
+  metrics (every 4th step), asynchronously; process 1 is killed (SIGKILL) after step 6, once the checkpoint of
   step 4 is committed; process 0 must stop with one `error:` line that names it, before JAX's own abort;
 - the reference, beside launches 1 and 2: the same training, 12 steps uninterrupted; each process records
   which evaluation images it fed;
@@ -44,7 +44,7 @@ NUM_STEPS, EVERY_STEPS, NUM_EVAL = 12, 4, 17
 OVERRIDES = {"checkpoint__enabled": True, "checkpoint__every_steps": EVERY_STEPS,
              "checkpoint__async_save": True, "eval__every_steps": EVERY_STEPS,
              "training__num_train_steps": NUM_STEPS, "training__log_every_steps": 1}
-FLAGS = {"num_eval": NUM_EVAL, "best_every_eval": ""}  # best/ is saved at every evaluation.
+FLAGS = {"num_eval": NUM_EVAL}
 # 10 s proved too short once: on 2 cores loaded beyond the suite's two workers, process 1 named a live but
 # CPU-starved process 0 lost while both restored a checkpoint.
 PEER_TIMEOUT_SEC = 20
@@ -202,11 +202,16 @@ def test_a_killed_then_preempted_two_process_job_resumes_bit_for_bit_and_evaluat
     _assert_bitwise_equal(resumed_variables["params"], reference_variables["params"])
     _assert_bitwise_equal(resumed_variables["batch_stats"], reference_variables["batch_stats"])
 
-    # The reference: coinciding asynchronous saves of checkpoints/ and best/ all completed (one manager's
-    # barriers taken for the other's would time out or hang).
+    # The reference: the last checkpoint's asynchronous save and the export, which coincide, both completed
+    # (barriers of one taken for the other's would time out or hang); the checkpoint kept as the best is
+    # the best evaluation's in process 0's log (the later of a tie).
     assert [_done(out) for out in reference_outputs] == [(0, NUM_STEPS, False)] * 2
     assert _committed_steps(reference / "checkpoints")[-1] == NUM_STEPS
-    assert checkpointing.parameter_steps(reference / "best") == [NUM_STEPS]
+    assert checkpointing.is_export_directory(reference / "export")
+    top1 = {int(step): float(value) for step, value in
+            re.findall(r"eval at step (\d+): loss \S+, top1 (\S+),", reference_outputs[0])}
+    assert sorted(top1) == list(range(EVERY_STEPS, NUM_STEPS + 1, EVERY_STEPS))
+    assert checkpointing.best_step(str(reference)) == max(sorted(top1, reverse=True), key=top1.get)
 
     # Exact evaluation by identity: at every evaluation the two processes fed every image exactly once
     # between them (unequal shares, 8 and 9, and padding), and both got the same totals.

@@ -191,7 +191,7 @@ def test_the_wheel_with_only_its_declared_dependencies_runs_the_demo_on_a_gs_wor
                         cwd=elsewhere, env={**env, **gcs.env}).stderr
 
         first = demo(2)
-        assert "Done: step 2 of 2" in first  # A save (checkpoint, best/, export) costs seconds on gs://.
+        assert "Done: step 2 of 2" in first  # A save (checkpoint, export) costs seconds on gs://.
         # TensorFlow, which epath uses for gs:// paths, imported as the library imports it: its import
         # notices stay off the console there too.
         assert "oneDNN" not in first and "absl::InitializeLog" not in first, first[:2000]
@@ -204,7 +204,14 @@ def test_the_wheel_with_only_its_declared_dependencies_runs_the_demo_on_a_gs_wor
                          "checkpoints/4/meta/metadata", "config_changes.jsonl"):
             assert expected in names, sorted(names)
         assert any(n.startswith("export/variables/") for n in names)
-        assert any(n.startswith("best/") for n in names)
+        # The best evaluation's checkpoint, found through orbax's metrics on gs://: the log's best top-1.
+        top1 = {int(step): float(value) for step, value in
+                re.findall(r"eval at step (\d+): loss \S+, top1 (\S+),", first + resumed)}
+        best = checkpointing.best_step(workdir)
+        assert sorted(top1) == [2, 4] and best == max(sorted(top1, reverse=True), key=top1.get)
+        assert f"checkpoints/{best}/metrics/metrics" in names
+        best_variables, _ = checkpointing.load_exported(str(checkpointing.best_weights(workdir)))
+        assert jax.tree.leaves(best_variables["params"])
         assert any(n.startswith("tensorboard/") and "tfevents" in n for n in names)
         assert not (elsewhere / "gs:").exists(), "a local folder named gs: was written"
         assert "run.lock" not in names  # Taken in the bucket and released at the end.

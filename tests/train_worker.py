@@ -2,7 +2,7 @@
 
 python tests/train_worker.py --workdir=DIR --overrides='{"training__num_train_steps": 8}'
     [--num_cpu_devices=2 --num_processes=2 --process_id=0 --coordinator=127.0.0.1:PORT]
-    [--peer_timeout_sec=10] [--best_every_eval] [--num_eval=17 --record_eval=DIR]
+    [--peer_timeout_sec=10] [--num_eval=17 --record_eval=DIR]
     [--hold_at_step=6 --hold_dir=DIR]
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from resnet_scaling import checkpointing, mesh, trainer  # noqa: E402
+from resnet_scaling import mesh, trainer  # noqa: E402
 from resnet_scaling.resilience import distributed
 from tests.helpers import random_arrays, tiny_config  # noqa: E402
 
@@ -92,8 +92,6 @@ def main() -> None:
     parser.add_argument("--num_processes", type=int, default=1)
     parser.add_argument("--process_id", type=int, default=0)
     parser.add_argument("--coordinator", default="")
-    parser.add_argument("--best_every_eval", action="store_true",
-                        help="Save best/ at every evaluation: makes best and regular saves coincide.")
     parser.add_argument("--peer_timeout_sec", type=float, default=None,
                         help="Join through resilience.distributed, as train.py does, with its peer "
                              "watchdog and this timeout (default: plain jax.distributed.initialize).")
@@ -118,14 +116,6 @@ def main() -> None:
         else:
             jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id,
                                        initialization_timeout=60)
-    if args.best_every_eval:
-        save_best = checkpointing.Checkpointer.save_best
-
-        def save_every_eval(self, *a, **k):
-            self._best_top1 = float("-inf")
-            return save_best(self, *a, **k)
-
-        checkpointing.Checkpointer.save_best = save_every_eval
     if args.record_eval:
         record_evaluations(pathlib.Path(args.record_eval) / f"eval-{jax.process_index()}.jsonl")
     if args.hold_at_step:
