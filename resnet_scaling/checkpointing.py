@@ -89,23 +89,21 @@ def where_to_resume(last_complete_step: int | None, directory: str) -> str:
             "to resume from it once the cause is fixed.")
 
 
-# orbax writes this file into a step's folder once every item of the save is written: on a local disk just
-# before renaming the folder into place, on gs:// (no renames there) as the save's last act.
-COMMIT_MARKER = "commit_success.txt"
-
-
 def complete_steps(workdir: str) -> list[int]:
-    """The steps under WORKDIR/checkpoints whose save finished, oldest first, read from the directory
-    without orbax.
+    """The steps under WORKDIR/checkpoints whose save finished, oldest first, as orbax reads its folder (on a
+    local disk a step renamed into place; on gs://, with no renames, one holding its commit marker).
 
-    Why not through a read-only `ocp.CheckpointManager`: creating one starts JAX's backend (measured with
-    orbax 0.12.8: 0.27 s, and libtpu's probe where it is installed), and these reads serve the checks a
-    command makes in its first second, before a multi-process job joins (`jax.distributed.initialize` must
-    come before any backend) and before any slow set-up.
+    Why orbax's step functions, not a read-only `ocp.CheckpointManager`: creating a manager starts JAX's
+    backend (measured with orbax 0.12.8: 0.27 s, and libtpu's probe where it is installed), and these
+    reads serve the checks a command makes in its first second, before a multi-process job joins
+    (`jax.distributed.initialize` must come before any backend) and before any slow set-up.
     """
-    directory = workdir_lib.as_path(workdir) / "checkpoints"
-    names = [p.name for p in directory.iterdir()] if directory.is_dir() else []
-    return sorted(int(n) for n in names if n.isdigit() and (directory / n / COMMIT_MARKER).exists())
+    return sorted(ocp.step.checkpoint_steps(workdir_lib.as_path(workdir) / "checkpoints"))
+
+
+def _read_meta(step_directory: epath.Path) -> dict[str, Any]:
+    """A checkpoint's `meta` item (orbax's JSON handler; no manager, no device)."""
+    return ocp.JsonCheckpointHandler().restore(step_directory / "meta")
 
 
 def config_fingerprint(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -138,14 +136,14 @@ def changed_on_resume(saved_config: dict[str, Any], config: ml_collections.Confi
 
 
 def latest_saved_meta(workdir: str) -> dict[str, Any] | None:
-    """The newest checkpoint's small JSON record (step, config, clocks), read without orbax or any device:
-    what the cheap checks before a run's set-up need. None when there is none or it cannot be read."""
+    """The newest checkpoint's small JSON record (step, config, clocks), read without any device: what the
+    cheap checks before a run's set-up need. None when there is none or it cannot be read."""
     directory = workdir_lib.as_path(workdir) / "checkpoints"
     for step in reversed(complete_steps(workdir)):
         try:
-            return json.loads((directory / str(step) / "meta" / "metadata").read_text())
-        except (OSError, ValueError):
-            continue  # restore_latest will say what is wrong with it.
+            return _read_meta(directory / str(step))
+        except Exception:  # noqa: BLE001 - restore_latest will say what is wrong with it.
+            continue
     return None
 
 
@@ -519,10 +517,10 @@ def load_exported(path: str) -> tuple[dict[str, Any], ml_collections.ConfigDict]
         config_dict = json.loads((path / "config.json").read_text())
         variables_path = path / "variables"
     elif _is_checkpoint(path):
-        config_dict = json.loads((path / "meta" / "metadata").read_text())["run_config"]
+        config_dict = _read_meta(path)["run_config"]
         variables_path = path / "state"
     elif steps := _legacy_best_steps(path):
-        config_dict = json.loads((path / str(steps[-1]) / "meta" / "metadata").read_text())["config"]
+        config_dict = _read_meta(path / str(steps[-1]))["config"]
         variables_path = path / str(steps[-1]) / "variables"
     else:
         raise FileNotFoundError(f"No exported parameters or checkpoint at {path}: expected a workdir, its "

@@ -220,6 +220,9 @@ def test_the_wheel_with_only_its_declared_dependencies_runs_the_demo_on_a_gs_wor
         assert config.model.name == "resnet_tiny" and jax.tree.leaves(variables["params"])
         assert metrics.read_summary(workdir)["run"]["final_step"] == 4
         assert checkpointing.complete_steps(workdir) == [2, 4]  # orbax's commit markers are there too.
+        # A save cut off on gs:// (no renames there: the step's objects, no commit marker) is not complete.
+        epath.Path(workdir, "checkpoints", "6", "meta", "metadata").write_text("{}")
+        assert checkpointing.complete_steps(workdir) == [2, 4]
         records = [json.loads(line) for line in epath.Path(workdir, "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in records if "loss" in r] == [2, 4]  # One record per step.
 
