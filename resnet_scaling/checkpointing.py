@@ -238,7 +238,8 @@ class Checkpointer:
         meta = {"step": int(step), "config": config_fingerprint(self._config), "clock": clock,
                 "run_config": json.loads(self._config.to_json_best_effort()),
                 "fingerprints": state_checks.fingerprint(state)}
-        evaluated = eval_metrics if self._config.checkpoint.keep_best else None  # No best, no ranking.
+        # Empty metrics rank as never best (`best_metric`); none at all would make orbax warn at every save.
+        evaluated = eval_metrics if self._config.checkpoint.keep_best else None
         metrics = {k: float(v) for k, v in (evaluated or {}).items() if k in ("eval_top1", "eval_loss")}
         try:
             self._manager.save(step, args=ocp.args.Composite(
