@@ -173,7 +173,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
     if is_writer and saved_meta:
         _record_changes_on_resume(workdir, saved_meta, config, start_step)
     clock = metrics_lib.RunClock(plan.global_batch_size, plan.timing_warmup_steps, config.eval.target_top1,
-                                 saved_clock, launch_start_wall)
+                                 saved_clock, launch_start_wall, goodput)
     goodput.started(start_step)
 
     mlperf_mode = bool(config.mlperf.enabled)
@@ -234,13 +234,12 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                           **clock.end_interval(interval_first_step, step)}
                 interval_first_step = step + 1
                 result.train_history.append(record)
-                goodput.record(step, clock.launch_sec())
                 if is_writer:
                     _log_train(plan, record)
                     writers.write(step, record)
             eval_metrics = None
             if eval_due:
-                with clock.paused(wait_for=state):  # Evaluation stays off the training clock.
+                with clock.paused(wait_for=state, step=step):  # Evaluation stays off the training clock.
                     mlperf.eval_start(step)
                     eval_metrics = _evaluate_and_track(run, state, step, clock, log)
                     if mlperf.eval_stop(step, eval_metrics["eval_top1"]) and mlperf_mode:
@@ -250,19 +249,17 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                     result.eval_history.append(eval_metrics)
                     if is_writer:
                         writers.write(step, eval_metrics)
-                    goodput.record(step, clock.launch_sec())
             result.preempted = watcher.reached(step)
             # Every evaluated state is saved with its metrics: the best evaluation's checkpoint is kept.
             save_due = (_due(step, plan.checkpoint_every_steps, last) or result.preempted or stopped
                         or (eval_due and config.checkpoint.keep_best))
             if checkpointer is not None and save_due:
-                with clock.paused(wait_for=state):  # Checkpointing stays off the training clock too.
+                with clock.paused(wait_for=state, step=step, checkpoint=True):  # Off the training clock too.
                     # A checkpoint must never hold a diverged state: the losses since the last fetch, then the
                     # state itself (finite, not exploding).
                     guard.check_losses(buffer.fetch())
                     guard.check_state(step, state)
                     _save(checkpointer, step, state, clock, eval_metrics)
-                    goodput.record(step, clock.launch_sec(), checkpoint=True)
             if result.preempted:
                 log("Preempted (%s) at step %d: %s. Run the same command to resume.", watcher.signal_name,
                     step,
@@ -280,7 +277,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                 and (ran_a_step or not checkpointer.has_export())):
             log("Exported the final parameters to %s.", checkpointer.export(state))
         result.state = state
-        goodput.record(int(state.step), clock.launch_sec())
+        clock.record(int(state.step))
         result.summary = _summary(run, clock, goodput, result, metrics_lib.flops_per_device(train_step_fn),
                                   mlperf.summary())
         if is_writer:

@@ -8,7 +8,8 @@ never counted as evaluation or checkpoint time. Steps themselves keep overlappin
 waits per step.
 
 Its `state_dict()` goes into every checkpoint and a resumed run starts from it, so that the totals
-survive restarts.
+survive restarts. Given the launch's `GoodputRecorder`, it writes the goodput account at each event it
+sees: a log interval's end, the end of a paused block (an evaluation, a checkpoint) and `record`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import jax
 
 from resnet_scaling.metrics.accuracy import TimeToAccuracy
+from resnet_scaling.metrics.goodput import GoodputRecorder
 from resnet_scaling.metrics.throughput import SteadyStateThroughput, ThroughputTimer
 
 
@@ -37,8 +39,10 @@ class RunClock:
     """
 
     def __init__(self, global_batch_size: int, timing_warmup_steps: int, target_top1: float,
-                 saved: Mapping[str, Any] | None = None, launch_start_wall: float | None = None) -> None:
+                 saved: Mapping[str, Any] | None = None, launch_start_wall: float | None = None,
+                 goodput: GoodputRecorder | None = None) -> None:
         saved = saved or {}
+        self._goodput = goodput
         self._launch_start_wall = time.time() if launch_start_wall is None else launch_start_wall
         self._saved = {k: float(saved.get(k, 0.0)) for k in ("train_sec", "eval_sec", "checkpoint_sec")}
         self._launch_input_wait_sec = 0.0
@@ -90,15 +94,26 @@ class RunClock:
         `images_per_sec`), which the steady state also counts."""
         record = self.timer.read_and_reset()
         self.steady.add_interval(first_step, step, record.get("sec_per_step"))
+        self.record(step)
         return record
 
     @contextlib.contextmanager
-    def paused(self, wait_for: Any = None) -> Iterator[None]:
-        """The block (an evaluation, a checkpoint) off the training clock: `pause(wait_for)`, then `resume`.
-        An exception leaves the clock paused: the loop is over."""
+    def paused(self, wait_for: Any = None, step: int | None = None, checkpoint: bool = False
+               ) -> Iterator[None]:
+        """The block (an evaluation, a checkpoint) off the training clock: `pause(wait_for)`, then the
+        goodput account at `step` (`checkpoint`: the block saved one), then `resume`. An exception leaves
+        the clock paused: the loop is over."""
         self.pause(wait_for)
         yield
+        if step is not None:
+            self.record(step, checkpoint)
         self.resume()
+
+    def record(self, step: int, checkpoint: bool = False) -> None:
+        """Writes this launch's goodput account at `step` (its seconds so far by cause), if a recorder was
+        given; `checkpoint` marks a checkpoint saved at `step`."""
+        if self._goodput is not None:
+            self._goodput.record(step, self.launch_sec(), checkpoint=checkpoint)
 
     def throughput_summary(self, final_step: int) -> dict[str, Any]:
         """The summary's `throughput` section (the steady state's figures)."""
