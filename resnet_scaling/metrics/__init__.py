@@ -5,7 +5,7 @@
 | `device.py` | step metrics kept on the device and fetched every N steps; the evaluation summary |
 | `throughput.py` | the training clock (compile, evaluation, checkpoints off it), steady-state images/sec |
 | `goodput.py` | goodput and badput by cause over every launch of a run (WORKDIR/goodput.json) |
-| `run_clock.py` | the run's time accounting in one object, saved in checkpoints |
+| `run_clock.py` | the run's time accounting in one object, saved in checkpoints; records goodput |
 | `accuracy.py` | time-to-accuracy (the case study's timed region and MLPerf's clock), epochs-to-accuracy |
 | `compiled.py` | FLOPs and memory per device of a compiled step, from XLA's cost and memory analyses |
 | `utilisation.py` | achieved TFLOP/s per device, MFU against the peak rates of hardware.py |
