@@ -7,8 +7,8 @@ Layout under the workdir:
   export/              the final parameters and BN statistics with the config, for `load_exported`.
 
 orbax writes each checkpoint into a temporary directory and renames it when complete, so a crash during
-a save never leaves a half-written checkpoint as the latest. Workdirs of versions before 0.3 kept the best
-evaluation's parameters apart, in best/<step>/; `load_exported` still reads such a directory.
+a save never leaves a half-written checkpoint as the latest. Earlier versions kept the best evaluation's
+parameters apart, in a second manager's best/<step>/; `load_exported` still reads such a directory.
 """
 
 from __future__ import annotations
