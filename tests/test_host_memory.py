@@ -76,9 +76,11 @@ def test_the_training_step_takes_no_page_faults_once_warm(tmp_path):
         if sys.argv[1] == "keep":
             jax.config.update("jax_cpu_enable_async_dispatch", False)
             assert host_memory.keep_freed_memory()
-        # ~100 MiB of temporaries: a chain XLA cannot fuse away (each product feeds a reduction).
-        step = jax.jit(lambda x: jnp.tanh(x @ x.T).sum() + jnp.tanh(x.T @ x).sum())
-        x = jnp.ones((3000, 3000))
+        # ~100 MiB temporaries that XLA cannot fuse away (each cumulative sum feeds a reduction), made
+        # cheaply: no matrix products, whose cost would dwarf the allocations measured.
+        step = jax.jit(lambda x: jnp.cumsum(jnp.tanh(x), axis=0).sum()
+                       + jnp.cumsum(jnp.tanh(x.T), axis=1).sum())
+        x = jnp.ones((5000, 5000))
         faults = []
         for _ in range(6):
             before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -88,8 +90,7 @@ def test_the_training_step_takes_no_page_faults_once_warm(tmp_path):
     """)
     default = json.loads(_run(script, "default").stdout.splitlines()[-1])
     kept = json.loads(_run(script, "keep").stdout.splitlines()[-1])
-    # Measured: ~425,000 faults every call with glibc's defaults; 0-120 once the heap has grown (3 calls)
-    # here, up to ~26,000 with the suite's fake devices and fast compiles beside another test's load (other
-    # buffers than the step's temporaries).
-    assert min(default[-3:]) > 100_000, default
+    # Measured: ~75,000 faults every call with glibc's defaults (each temporary's 100 MB faulted in
+    # afresh); 0 once the heap has grown (2 calls).
+    assert min(default[-3:]) > 50_000, default
     assert max(kept[-3:]) * 10 < min(default[-3:]), (kept, default)

@@ -14,14 +14,14 @@ def _config(**overrides):
     # A step with a device time the host can measure (~0.1 s), evaluated after every step, metrics
     # fetched only at the end: the host runs ahead of the device between those points. (Saves are left
     # out: an asynchronous save writes in the background and slows the next steps for real.)
-    return tiny_config(model__num_filters=16, data__image_size=64, training__num_train_steps=14,
+    return tiny_config(model__num_filters=16, data__image_size=64, training__num_train_steps=10,
                        training__log_every_steps=1000, training__timing_warmup_steps=2, eval__every_steps=1,
                        eval__global_batch_size=8, **overrides)
 
 
 def _reference_timer(config, arrays):
     """Times the same step, compiled once, one step at a time with block_until_ready: a function that
-    steps 10 times and returns the images/sec of the median of the last 8."""
+    steps 7 times and returns the images/sec of the median of the last 5."""
     run = training_setup.setup(config, arrays=arrays)
     batch = next(run.source.train_batches())
     step_fn, _ = run.compile_train_step(run.state, batch)
@@ -29,7 +29,7 @@ def _reference_timer(config, arrays):
 
     def images_per_sec() -> float:
         seconds = []
-        for _ in range(10):
+        for _ in range(7):
             start = time.perf_counter()
             state[0], metrics = step_fn(state[0], batch)
             jax.block_until_ready((state[0], metrics))
