@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import ml_collections
@@ -31,8 +31,20 @@ from resnet_scaling.resilience import workdir as workdir_lib
 
 logger = logging.getLogger(__name__)
 
-# Steps the host may dispatch ahead of the devices (see `steps_in_flight_bound`).
+# Steps the host may dispatch ahead of the devices (see `StepsInFlight`).
 MAX_STEPS_AHEAD = 2
+
+
+class StepHook(Protocol):
+    """What runs around every train step's dispatch: `before_step` in the hooks' order, `after_step` (with
+    the new state and the step's outputs, not yet computed) and `close` (at the end, or on an error) in
+    the reverse order, so that the hooks nest."""
+
+    def before_step(self, step: int) -> None: ...
+
+    def after_step(self, step: int, state: Any, outputs: Any) -> None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclasses.dataclass
@@ -193,15 +205,17 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                                          config_text=str(config), resume_step=start_step)
                if is_writer else None)
     watcher = preemption.PreemptionWatcher()
-    profiler = profiling.StepWindowProfiler(config.training.profile_steps,
-                                            str(workdir_lib.as_path(workdir) / "tensorboard"),
-                                            enabled=is_writer)
+    # The MLPerf log's epochs and blocks, a profile's window, the bound on steps in flight.
+    hooks: tuple[StepHook, ...] = (
+        mlperf,
+        profiling.StepWindowProfiler(config.training.profile_steps,
+                                     str(workdir_lib.as_path(workdir) / "tensorboard"), enabled=is_writer),
+        StepsInFlight(MAX_STEPS_AHEAD))
     buffer = metrics_lib.MetricsBuffer()
     result = TrainResult(state=state, plan=plan, train_history=[], eval_history=[], compile_sec=compile_sec,
                          start_step=start_step)
     interval_first_step = start_step + 1  # First step of the current log interval.
     guard = divergence.DivergenceGuard(state, start_step, config.training.max_param_norm_growth, checkpointer)
-    in_flight = steps_in_flight_bound(MAX_STEPS_AHEAD)
     mlperf.run_start()
     clock.start(compile_sec)
     stopped = False  # MLPerf mode: an evaluation reached MLPerf's target.
@@ -213,12 +227,11 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                 input_start = time.perf_counter()
                 batch = next(batches)
                 clock.add_input_wait(step, time.perf_counter() - input_start)
-            mlperf.before_step(step)
-            profiler.before_step(step)
+            for hook in hooks:
+                hook.before_step(step)
             state, step_metrics = train_step_fn(state, batch)
-            in_flight(step_metrics)  # SIGTERM is seen within MAX_STEPS_AHEAD steps of the device.
-            profiler.after_step(step, state)
-            mlperf.after_step(step)
+            for hook in reversed(hooks):
+                hook.after_step(step, state, step_metrics)
             buffer.append(step, step_metrics)
             clock.step_dispatched(step, step_metrics)
             last = step == plan.total_steps
@@ -283,8 +296,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
         if is_writer:
             _write_summary_and_headline(workdir, result, writers, checkpointer)
     finally:
-        mlperf.close()  # run_stop(aborted) if an error ended the run.
-        profiler.stop()
+        for hook in reversed(hooks):
+            hook.close()  # The MLPerf log's run_stop(aborted) if an error ended the run.
         watcher.close()
         if batches is not None:
             batches.close()  # Ends the input pipeline now, not when the garbage collector frees it.
@@ -494,19 +507,26 @@ def _due(step: int, every_steps: int, last: bool) -> bool:
     return last or (every_steps > 0 and step % every_steps == 0)
 
 
-def steps_in_flight_bound(max_steps_ahead: int) -> Callable[[Any], None]:
-    """A callable taking each step's outputs that blocks until the step `max_steps_ahead` earlier is done.
+class StepsInFlight:
+    """A step hook that, after step k is dispatched, blocks until step k-`max_steps_ahead` is done.
 
     JAX dispatches steps asynchronously: unbounded, the host can run a whole log interval ahead of the
     devices, and a SIGTERM noticed at the next dispatch would be acted on only after all of them ran.
     Waiting for step k-N while dispatching step k keeps the devices fed (N steps queued) and bounds the
     time from a SIGTERM to the start of the checkpoint at about N+1 step times.
     """
-    in_flight: collections.deque[Any] = collections.deque()
 
-    def add(step_outputs: Any) -> None:
-        in_flight.append(step_outputs)
-        if len(in_flight) > max_steps_ahead:
-            jax.block_until_ready(in_flight.popleft())
+    def __init__(self, max_steps_ahead: int) -> None:
+        self._max_steps_ahead = max_steps_ahead
+        self._in_flight: collections.deque[Any] = collections.deque()
 
-    return add
+    def before_step(self, step: int) -> None:
+        pass
+
+    def after_step(self, step: int, state: Any, outputs: Any) -> None:
+        self._in_flight.append(outputs)
+        if len(self._in_flight) > self._max_steps_ahead:
+            jax.block_until_ready(self._in_flight.popleft())
+
+    def close(self) -> None:
+        self._in_flight.clear()

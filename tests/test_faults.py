@@ -397,9 +397,9 @@ def test_command_line_mistakes_end_in_one_error_line(tmp_path, args, message):
 def test_the_host_never_runs_more_than_max_steps_ahead_of_the_devices(monkeypatch):
     waited = []
     monkeypatch.setattr(jax, "block_until_ready", lambda outputs: waited.append(outputs))
-    add = trainer.steps_in_flight_bound(2)
+    in_flight = trainer.StepsInFlight(2)
     for step in range(1, 6):
-        add(step)
+        in_flight.after_step(step, None, step)
         assert waited == list(range(1, max(step - 2, 0) + 1))  # Step k waits for step k-2.
 
 

@@ -263,7 +263,7 @@ class MLPerfLog:
         first, count = self._block
         return {mlc.FIRST_EPOCH_NUM: first, mlc.EPOCH_COUNT: count}
 
-    def after_step(self, step: int) -> None:
+    def after_step(self, step: int, state: Any = None, outputs: Any = None) -> None:
         """Closes the epoch whose last step `step` was."""
         if self._epoch is not None and self._epoch_of(step + 1) != self._epoch:
             self._close_epoch()

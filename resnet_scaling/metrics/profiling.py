@@ -40,13 +40,13 @@ class StepWindowProfiler:
             self._tracing = True
             logger.info("Profiling steps %d to %d into %s.", self.first, self.last, self.logdir)
 
-    def after_step(self, step: int, state: Any) -> None:
+    def after_step(self, step: int, state: Any, outputs: Any = None) -> None:
         if self._tracing and step >= self.last:
             jax.block_until_ready(state)  # The window's device work belongs in the trace.
-            self.stop()
+            self.close()
             logger.info("Profile written: open it with `tensorboard --logdir %s` (Profile tab).", self.logdir)
 
-    def stop(self) -> None:
+    def close(self) -> None:
         """Ends a trace under way (the run ended or failed inside the window)."""
         if self._tracing:
             jax.profiler.stop_trace()
