@@ -201,20 +201,20 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
         batch = next(batches)
         train_step_fn, compile_sec = run.compile_train_step(state, batch)
     _log_compiled(log, train_step_fn, compile_sec)
-    writers = (metrics_lib.MetricWriters(workdir, tensorboard=config.training.tensorboard,
-                                         config_text=str(config), resume_step=start_step)
-               if is_writer else None)
+    result = TrainResult(state=state, plan=plan, train_history=[], eval_history=[], compile_sec=compile_sec,
+                         start_step=start_step)
+    records = _Records(result, clock, metrics_lib.MetricWriters(
+        workdir, tensorboard=config.training.tensorboard, config_text=str(config), resume_step=start_step)
+        if is_writer else None)
     watcher = preemption.PreemptionWatcher()
-    # The MLPerf log's epochs and blocks, a profile's window, the bound on steps in flight.
+    # The step's metrics kept on the device, the MLPerf log's epochs and blocks, a profile's window, the
+    # bound on steps in flight.
     hooks: tuple[StepHook, ...] = (
+        records,
         mlperf,
         profiling.StepWindowProfiler(config.training.profile_steps,
                                      str(workdir_lib.as_path(workdir) / "tensorboard"), enabled=is_writer),
         StepsInFlight(MAX_STEPS_AHEAD))
-    buffer = metrics_lib.MetricsBuffer()
-    result = TrainResult(state=state, plan=plan, train_history=[], eval_history=[], compile_sec=compile_sec,
-                         start_step=start_step)
-    interval_first_step = start_step + 1  # First step of the current log interval.
     guard = divergence.DivergenceGuard(state, start_step, config.training.max_param_norm_growth, checkpointer)
     mlperf.run_start()
     clock.start(compile_sec)
@@ -232,36 +232,22 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
             state, step_metrics = train_step_fn(state, batch)
             for hook in reversed(hooks):
                 hook.after_step(step, state, step_metrics)
-            buffer.append(step, step_metrics)
             clock.step_dispatched(step, step_metrics)
             last = step == plan.total_steps
             eval_due = schedule.due(step)
             # MLPerf mode may stop at any evaluation: its steps are log points too.
             if _due(step, plan.log_every_steps, last) or (mlperf_mode and eval_due):
-                guard.check_losses(buffer.fetch())
+                guard.check_losses(records.fetch())
                 if checkpointer is not None:
                     checkpointer.check_saves()  # A failed background save ends the run now, not later.
                 # For the peer watchdog's message if another process is lost (multi-process runs only).
                 distributed.report_progress(step, checkpointer.committed_step() if checkpointer else None)
-                record = {"step": step, "epoch": plan.epochs_at(step), **buffer.mean(),
-                          **clock.end_interval(interval_first_step, step)}
-                interval_first_step = step + 1
-                result.train_history.append(record)
-                if is_writer:
-                    _log_train(plan, record)
-                    writers.write(step, record)
+                records.log_point(step)
             eval_metrics = None
             if eval_due:
                 with clock.paused(wait_for=state, step=step):  # Evaluation stays off the training clock.
-                    mlperf.eval_start(step)
-                    eval_metrics = _evaluate_and_track(run, state, step, clock, log)
-                    if mlperf.eval_stop(step, eval_metrics["eval_top1"]) and mlperf_mode:
-                        stopped, clock.mlperf_stop_step = True, step
-                        log("Reached MLPerf's target top-1 %.4f at epoch %.3f by images seen: the run stops "
-                            "(MLPerf mode).", config.mlperf.target_top1, mlperf.epoch_num(step))
-                    result.eval_history.append(eval_metrics)
-                    if is_writer:
-                        writers.write(step, eval_metrics)
+                    eval_metrics, stopped = _evaluate_and_track(run, state, step, clock, mlperf, log)
+                    records.evaluation(step, eval_metrics)
             result.preempted = watcher.reached(step)
             # Every evaluated state is saved with its metrics: the best evaluation's checkpoint is kept.
             save_due = (_due(step, plan.checkpoint_every_steps, last) or result.preempted or stopped
@@ -270,7 +256,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                 with clock.paused(wait_for=state, step=step, checkpoint=True):  # Off the training clock too.
                     # A checkpoint must never hold a diverged state: the losses since the last fetch, then the
                     # state itself (finite, not exploding).
-                    guard.check_losses(buffer.fetch())
+                    guard.check_losses(records.fetch())
                     guard.check_state(step, state)
                     _save(checkpointer, step, state, clock, eval_metrics)
             if result.preempted:
@@ -294,7 +280,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
         result.summary = _summary(run, clock, goodput, result, metrics_lib.flops_per_device(train_step_fn),
                                   mlperf.summary())
         if is_writer:
-            _write_summary_and_headline(workdir, result, writers, checkpointer)
+            _write_summary_and_headline(workdir, result, records.tensorboard_dir, checkpointer)
     finally:
         for hook in reversed(hooks):
             hook.close()  # The MLPerf log's run_stop(aborted) if an error ended the run.
@@ -303,8 +289,6 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
             batches.close()  # Ends the input pipeline now, not when the garbage collector frees it.
         if checkpointer is not None:
             checkpointer.close()  # Waits for saves under way: nothing started is lost.
-        if writers is not None:
-            writers.close()
     return result
 
 
@@ -388,12 +372,12 @@ def _save(checkpointer: checkpointing.Checkpointer, step: int, state: steps.Trai
     clock.checkpoint_sec += time.perf_counter() - save_start
 
 
-def _write_summary_and_headline(workdir: str, result: TrainResult, writers: metrics_lib.MetricWriters,
+def _write_summary_and_headline(workdir: str, result: TrainResult, tensorboard_dir: str | None,
                                 checkpointer: checkpointing.Checkpointer | None) -> None:
     """Process 0's end of a run: summary.json, then the closing headline naming where everything is."""
     paths = {"summary": metrics_lib.write_summary(workdir, result.summary)}
-    if writers.tensorboard_dir:
-        paths["TensorBoard"] = writers.tensorboard_dir
+    if tensorboard_dir:
+        paths["TensorBoard"] = tensorboard_dir
     if checkpointer is not None:
         config = result.summary["config"]
         paths.update(checkpointer.paths(exported=not result.preempted and config["checkpoint"]["export"]))
@@ -446,19 +430,61 @@ def _log_setup(log: Callable[..., None], run: training_setup.TrainingSetup) -> N
         config.model.compute_dtype)
 
 
-def _log_train(plan: plan_lib.TrainingPlan, record: dict[str, float]) -> None:
-    eta = (plan.total_steps - record["step"]) * record.get("sec_per_step", 0.0)
-    logger.info("step %d/%d (epoch %.2f): loss %.4f, top1 %.3f, top5 %.3f, lr %.4g, %.1f images/sec, ETA %s",
-                record["step"], plan.total_steps, record["epoch"], record["loss"], record["top1"],
-                record["top5"], record["learning_rate"], record.get("images_per_sec", float("nan")),
-                metrics_lib.format_duration(eta))
+class _Records:
+    """The run's metric records, as a step hook: each step's metrics kept on the device until a log point,
+    one record per log point and per evaluation, kept in the result and, where `writers` are given
+    (process 0), logged and written."""
+
+    def __init__(self, result: TrainResult, clock: metrics_lib.RunClock,
+                 writers: metrics_lib.MetricWriters | None) -> None:
+        self._result, self._clock, self._writers = result, clock, writers
+        self._buffer = metrics_lib.MetricsBuffer()
+        self._interval_first_step = result.start_step + 1
+        self.tensorboard_dir = writers.tensorboard_dir if writers is not None else None
+
+    def before_step(self, step: int) -> None:
+        pass
+
+    def after_step(self, step: int, state: Any, outputs: Any) -> None:
+        self._buffer.append(step, outputs)
+
+    def fetch(self) -> list[dict[str, float]]:
+        """The steps' metrics not fetched yet (blocks until computed): for the divergence checks."""
+        return self._buffer.fetch()
+
+    def log_point(self, step: int) -> None:
+        """Closes the log interval ending at `step`: its means and timing, as a record."""
+        plan = self._result.plan
+        record = {"step": step, "epoch": plan.epochs_at(step), **self._buffer.mean(),
+                  **self._clock.end_interval(self._interval_first_step, step)}
+        self._interval_first_step = step + 1
+        self._result.train_history.append(record)
+        if self._writers is not None:
+            eta = (plan.total_steps - step) * record.get("sec_per_step", 0.0)
+            logger.info("step %d/%d (epoch %.2f): loss %.4f, top1 %.3f, top5 %.3f, lr %.4g, %.1f images/sec, "
+                        "ETA %s", step, plan.total_steps, record["epoch"], record["loss"], record["top1"],
+                        record["top5"], record["learning_rate"], record.get("images_per_sec", float("nan")),
+                        metrics_lib.format_duration(eta))
+            self._writers.write(step, record)
+
+    def evaluation(self, step: int, eval_metrics: dict[str, float]) -> None:
+        self._result.eval_history.append(eval_metrics)
+        if self._writers is not None:
+            self._writers.write(step, eval_metrics)
+
+    def close(self) -> None:
+        if self._writers is not None:
+            self._writers.close()
 
 
 def _evaluate_and_track(run: training_setup.TrainingSetup, state: steps.TrainState, step: int,
-                        clock: metrics_lib.RunClock, log: Callable[..., None]) -> dict[str, float]:
-    """One exact evaluation after `step`: its metrics, logged and counted on the clock and towards the
-    time to the target accuracy."""
-    plan, target = run.plan, run.config.eval.target_top1
+                        clock: metrics_lib.RunClock, mlperf: mlperf_log.MLPerfLog, log: Callable[..., None]
+                        ) -> tuple[dict[str, float], bool]:
+    """One exact evaluation after `step`: its metrics, logged, in the MLPerf log and counted on the clock
+    and towards the time to the target accuracy; and whether the run stops there (MLPerf mode, at MLPerf's
+    target)."""
+    plan, config, target = run.plan, run.config, run.config.eval.target_top1
+    mlperf.eval_start(step)
     eval_start = time.perf_counter()
     eval_metrics = {"step": step, **evaluate(run.eval_step, state, run.source),
                     "eval_sec": time.perf_counter() - eval_start}
@@ -471,7 +497,12 @@ def _evaluate_and_track(run: training_setup.TrainingSetup, state: steps.TrainSta
     log("eval at step %d: loss %.4f, top1 %.4f, top5 %.4f over %d images (%.1fs)", step,
         eval_metrics["eval_loss"], eval_metrics["eval_top1"], eval_metrics["eval_top5"],
         eval_metrics["eval_count"], eval_metrics["eval_sec"])
-    return eval_metrics
+    stops = bool(mlperf.eval_stop(step, top1) and config.mlperf.enabled)
+    if stops:
+        clock.mlperf_stop_step = step
+        log("Reached MLPerf's target top-1 %.4f at epoch %.3f by images seen: the run stops (MLPerf mode).",
+            config.mlperf.target_top1, mlperf.epoch_num(step))
+    return eval_metrics, stops
 
 
 def _summary(run: training_setup.TrainingSetup, clock: metrics_lib.RunClock,
