@@ -470,13 +470,6 @@ def _is_checkpoint(path: epath.Path) -> bool:
     return path.name.isdigit() and (path / "state").is_dir() and (path / "meta").is_dir()
 
 
-def holds_parameters(path: str) -> bool:
-    """Whether `load_exported` reads parameters from `path` itself: an export/ directory, a checkpoint
-    (WORKDIR/checkpoints/<step>) or an earlier version's best/ directory (a workdir is none of these)."""
-    path = epath.Path(path)
-    return is_export_directory(path) or _is_checkpoint(path) or bool(_legacy_best_steps(path))
-
-
 def best_weights(workdir: str) -> epath.Path | None:
     """Where a workdir's best evaluation's parameters are: its checkpoint (`best_step`), or the best/
     directory an earlier version wrote; None when it has neither."""
@@ -487,43 +480,68 @@ def best_weights(workdir: str) -> epath.Path | None:
     return legacy if _legacy_best_steps(legacy) else None
 
 
-def saved_step(path: str) -> int | None:
-    """The step whose parameters `load_exported(path)` reads: None for an export (it has none)."""
-    path = epath.Path(path)
+def find_weights(path: str, weights: str = "export") -> tuple[epath.Path, dict[str, Any], int | None]:
+    """Where saved parameters are: `(variables directory, the run's saved config, step)`.
+
+    Args:
+      path: a workdir, or directly its `export/` directory, one of its checkpoints (`checkpoints/<step>`)
+        or an earlier version's `best/` directory (then `weights` is not read).
+      weights: a workdir's "export" (the final parameters) or "best" (the best evaluation's checkpoint).
+
+    Returns:
+      The directory to restore, the config as the run saved it, and the step (None for an export).
+
+    Raises:
+      FileNotFoundError: no such parameters, saying what writes them.
+    """
+    path = workdir_lib.as_path(path)
+    if is_export_directory(path):
+        return path / "variables", json.loads((path / "config.json").read_text()), None
     if _is_checkpoint(path):
-        return int(path.name)
-    steps = _legacy_best_steps(path)
-    return steps[-1] if steps and not is_export_directory(path) else None
+        return path / "state", _read_meta(path)["run_config"], int(path.name)
+    if steps := _legacy_best_steps(path):
+        return path / str(steps[-1]) / "variables", _read_meta(path / str(steps[-1]))["config"], steps[-1]
+    if not path.is_dir():
+        raise FileNotFoundError(f"No workdir, export/ or checkpoint at {path}.")
+    if path.name == "checkpoints" and any(_is_checkpoint(p) for p in path.iterdir()):
+        raise FileNotFoundError(f"{path} is a run's checkpoints/ folder: give the run's workdir "
+                                f"({path.parent}) or one of the checkpoints in it ({path}/<step>).")
+    if weights == "best":
+        if (best := best_weights(str(path))) is None:
+            raise FileNotFoundError(
+                f"{path} has no evaluated checkpoint for the best parameters: a run keeps its best "
+                "evaluation's checkpoint in checkpoints/ (config.checkpoint.keep_best). Use the final "
+                "parameters (--weights=export).")
+        return find_weights(str(best))
+    if not is_export_directory(path / "export"):
+        raise FileNotFoundError(
+            f"{path} has no export/: a run writes it when it finishes (config.checkpoint.export). Use the "
+            "best evaluation's parameters (--weights=best) or finish the run.")
+    return find_weights(str(path / "export"))
 
 
-def load_exported(path: str) -> tuple[dict[str, Any], ml_collections.ConfigDict]:
+def load_exported(path: str, weights: str = "export"
+                  ) -> tuple[dict[str, Any], ml_collections.ConfigDict]:
     """Loads parameters and BN statistics with the run's config.
 
     Args:
-      path: a workdir (loads its `export/`), an `export/` directory, a checkpoint (WORKDIR/checkpoints/
-        <step>, for example the best evaluation's: `best_weights(workdir)`), or an earlier version's
-        `best/` directory.
+      path: a workdir, an `export/` directory, a checkpoint (WORKDIR/checkpoints/<step>) or an earlier
+        version's `best/` directory (`find_weights`).
+      weights: for a workdir, "export" (the final parameters) or "best" (the best evaluation's).
 
     Returns:
       `(variables, config)`: NumPy `{'params': ..., 'batch_stats': ...}` for `model.apply` and the
       config of the run (over today's defaults, `config.config_from_saved`), from which
       `models.model_from_config(config)` rebuilds the model.
     """
+    variables, config, _ = load_weights(path, weights)
+    return variables, config
+
+
+def load_weights(path: str, weights: str = "export"
+                 ) -> tuple[dict[str, Any], ml_collections.ConfigDict, int | None]:
+    """`load_exported`'s `(variables, config)` and the step of the checkpoint read (None for an export)."""
     from resnet_scaling import config as config_lib  # The config module imports the data package.
 
-    path = workdir_lib.as_path(path)
-    if is_export_directory(path / "export"):
-        path = path / "export"
-    if is_export_directory(path):
-        config_dict = json.loads((path / "config.json").read_text())
-        variables_path = path / "variables"
-    elif _is_checkpoint(path):
-        config_dict = _read_meta(path)["run_config"]
-        variables_path = path / "state"
-    elif steps := _legacy_best_steps(path):
-        config_dict = _read_meta(path / str(steps[-1]))["config"]
-        variables_path = path / str(steps[-1]) / "variables"
-    else:
-        raise FileNotFoundError(f"No exported parameters or checkpoint at {path}: expected a workdir, its "
-                                "export/ directory or one of its checkpoints (checkpoints/<step>).")
-    return _restore_to_host(variables_path), config_lib.config_from_saved(config_dict)
+    variables_path, config_dict, step = find_weights(path, weights)
+    return _restore_to_host(variables_path), config_lib.config_from_saved(config_dict), step

@@ -24,7 +24,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from etils import epath
 
 from resnet_scaling import checkpointing, models, steps
 from resnet_scaling import config as config_lib
@@ -212,22 +211,4 @@ def load_run(path: str, weights: str = "export") -> tuple[dict[str, Any], ml_col
     """
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}.")
-    directory = path
-    if not checkpointing.holds_parameters(path):
-        if not epath.Path(path).is_dir():
-            raise FileNotFoundError(f"No workdir {path}.")
-        if weights == "export":
-            directory = str(epath.Path(path) / "export")
-            if not checkpointing.is_export_directory(directory):
-                raise FileNotFoundError(
-                    f"{path} has no export/: a run writes it when it finishes (config.checkpoint.export). "
-                    "Use the best evaluation's parameters (--weights=best) or finish the run.")
-        elif (best := checkpointing.best_weights(path)) is not None:
-            directory = str(best)
-        else:
-            raise FileNotFoundError(
-                f"{path} has no evaluated checkpoint for the best parameters: a run keeps its best "
-                "evaluation's checkpoint in checkpoints/ (config.checkpoint.keep_best). Use the final "
-                "parameters (--weights=export).")
-    variables, saved = checkpointing.load_exported(directory)
-    return variables, saved, checkpointing.saved_step(directory)
+    return checkpointing.load_weights(path, weights)

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -96,7 +97,7 @@ def test_what_cannot_apply_is_refused_naming_the_field(run):
         evaluate_workdir(str(workdir), arrays=arrays[2:], overrides={"model.num_filters": 16})
     with pytest.raises(config_lib.ConfigError, match="config.eval.global_batch_size: 'many'"):
         evaluate_workdir(str(workdir), arrays=arrays[2:], overrides={"eval.global_batch_size": "many"})
-    with pytest.raises(FileNotFoundError, match="no export/.*--weights=best"):
+    with pytest.raises(FileNotFoundError, match="checkpoints/ folder: give the run's workdir"):
         evaluate_workdir(str(workdir / "checkpoints"), arrays=arrays[2:])
 
 
@@ -154,8 +155,13 @@ def test_the_predictor_refuses_images_it_cannot_take(run):
         predictor(images[0])
     with pytest.raises(ValueError, match=r"got shape \(2, 32, 32\)"):
         predictor(images[:2, ..., 0])
-    with pytest.raises(FileNotFoundError, match="has no evaluated checkpoint"):
-        Predictor.from_workdir(str(workdir / "checkpoints"), weights="best")
+    # The checkpoints/ folder given for its workdir: the error names the workdir to give instead.
+    for weights in ("best", "export"):
+        with pytest.raises(FileNotFoundError, match=re.escape(f"checkpoints/ folder: give the run's workdir "
+                                                              f"({workdir})")):
+            Predictor.from_workdir(str(workdir / "checkpoints"), weights=weights)
+    with pytest.raises(FileNotFoundError, match="No workdir, export/ or checkpoint at .*/no-such-run"):
+        Predictor.from_workdir(str(workdir / "no-such-run"))
 
 
 # ------------------------------------------------------------------ the command line
