@@ -224,9 +224,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
             batches = source.train_batches(start_step=start_step)
         for step in range(start_step + 1, last_step + 1):  # `step` counts the steps done after it.
             if batch is None or step > start_step + 1:
-                input_start = time.perf_counter()
-                batch = next(batches)
-                clock.add_input_wait(step, time.perf_counter() - input_start)
+                batch = clock.next_batch(batches, step)
             for hook in hooks:
                 hook.before_step(step)
             state, step_metrics = train_step_fn(state, batch)
@@ -258,7 +256,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                     # state itself (finite, not exploding).
                     guard.check_losses(records.fetch())
                     guard.check_state(step, state)
-                    _save(checkpointer, step, state, clock, eval_metrics)
+                    checkpointer.save(step, state, clock.state_dict(), eval_metrics)
             if result.preempted:
                 log("Preempted (%s) at step %d: %s. Run the same command to resume.", watcher.signal_name,
                     step,
@@ -361,15 +359,6 @@ def _log_compiled(log: Callable[..., None], compiled: Any, compile_sec: float) -
     memory = metrics_lib.memory_per_device(compiled)
     log("Compiled the train step in %.1fs%s.", compile_sec,
         "" if memory is None else f", {memory['total'] / 2**20:.0f} MiB per device")
-
-
-def _save(checkpointer: checkpointing.Checkpointer, step: int, state: steps.TrainState,
-          clock: metrics_lib.RunClock, eval_metrics: dict[str, float] | None) -> None:
-    """Starts a checkpoint of `state` with the clocks and the step's evaluation, counting the time on the
-    checkpoint clock."""
-    save_start = time.perf_counter()
-    checkpointer.save(step, state, clock.state_dict(), eval_metrics)
-    clock.checkpoint_sec += time.perf_counter() - save_start
 
 
 def _write_summary_and_headline(workdir: str, result: TrainResult, tensorboard_dir: str | None,
@@ -488,10 +477,9 @@ def _evaluate_and_track(run: training_setup.TrainingSetup, state: steps.TrainSta
     eval_start = time.perf_counter()
     eval_metrics = {"step": step, **evaluate(run.eval_step, state, run.source),
                     "eval_sec": time.perf_counter() - eval_start}
-    clock.eval_sec += eval_metrics["eval_sec"]
     epoch = plan.epochs_at(step)
     top1 = eval_metrics["eval_top1"]
-    if clock.time_to_accuracy.update(step, epoch, top1, clock.timed_sec(), clock.wall_sec()):
+    if clock.evaluated(step, epoch, top1):
         log("Reached the target top-1 %.4f at step %d (epoch %.2f): %.1fs timed, %.1fs wall.", target, step,
             epoch, clock.timed_sec(), clock.wall_sec())
     log("eval at step %d: loss %.4f, top1 %.4f, top5 %.4f over %d images (%.1fs)", step,
@@ -526,7 +514,7 @@ def _summary(run: training_setup.TrainingSetup, clock: metrics_lib.RunClock,
              "timing_warmup_steps": plan.timing_warmup_steps, "preempted": result.preempted},
         throughput=throughput,
         time=clock.time_summary(result.compile_sec),
-        accuracy=clock.time_to_accuracy.result(),
+        accuracy=clock.accuracy_summary(),
         utilisation=metrics_lib.utilisation(flops_per_device, sec_per_step, mesh.size, device.device_kind),
         goodput=goodput.summary(),
         mlperf=mlperf,

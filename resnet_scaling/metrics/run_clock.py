@@ -17,13 +17,15 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 
 from resnet_scaling.metrics.accuracy import TimeToAccuracy
 from resnet_scaling.metrics.goodput import GoodputRecorder
 from resnet_scaling.metrics.throughput import SteadyStateThroughput, ThroughputTimer
+
+T = TypeVar("T")
 
 
 class RunClock:
@@ -67,10 +69,14 @@ class RunClock:
         self._launch_init_sec = max(0.0, time.time() - self._launch_start_wall - compile_sec)
         self.timer.start()
 
-    def add_input_wait(self, step: int, seconds: float) -> None:
-        """Host seconds spent waiting for step `step`'s batch (on the training clock)."""
+    def next_batch(self, batches: Iterator[T], step: int) -> T:
+        """Step `step`'s batch, the host's wait for it counted (on the training clock)."""
+        start = time.perf_counter()
+        batch = next(batches)
+        seconds = time.perf_counter() - start
         self.steady.add_input_wait(step, seconds)
         self._launch_input_wait_sec += seconds
+        return batch
 
     def launch_sec(self) -> dict[str, float]:
         """This launch's seconds by cause so far (for goodput): initialization, compilation, training
@@ -98,22 +104,35 @@ class RunClock:
         return record
 
     @contextlib.contextmanager
-    def paused(self, wait_for: Any = None, step: int | None = None, checkpoint: bool = False
-               ) -> Iterator[None]:
-        """The block (an evaluation, a checkpoint) off the training clock: `pause(wait_for)`, then the
-        goodput account at `step` (`checkpoint`: the block saved one), then `resume`. An exception leaves
-        the clock paused: the loop is over."""
+    def paused(self, wait_for: Any, step: int, checkpoint: bool = False) -> Iterator[None]:
+        """The block off the training clock, counted as evaluation or, with `checkpoint`, checkpointing:
+        `pause(wait_for)`, the block's seconds, the goodput account at `step`, then `resume`. An exception
+        leaves the clock paused: the loop is over."""
         self.pause(wait_for)
+        start = time.perf_counter()
         yield
-        if step is not None:
-            self.record(step, checkpoint)
+        seconds = time.perf_counter() - start
+        if checkpoint:
+            self.checkpoint_sec += seconds
+        else:
+            self.eval_sec += seconds
+        self.record(step, checkpoint)
         self.resume()
+
+    def evaluated(self, step: int, epoch: float, top1: float) -> bool:
+        """Counts an evaluation's top-1 towards the time to the target accuracy; True when it is the first
+        to reach the target."""
+        return self.time_to_accuracy.update(step, epoch, top1, self.timed_sec(), self.wall_sec())
 
     def record(self, step: int, checkpoint: bool = False) -> None:
         """Writes this launch's goodput account at `step` (its seconds so far by cause), if a recorder was
         given; `checkpoint` marks a checkpoint saved at `step`."""
         if self._goodput is not None:
             self._goodput.record(step, self.launch_sec(), checkpoint=checkpoint)
+
+    def accuracy_summary(self) -> dict[str, Any]:
+        """The summary's `accuracy` section (the time to the target top-1)."""
+        return self.time_to_accuracy.result()
 
     def throughput_summary(self, final_step: int) -> dict[str, Any]:
         """The summary's `throughput` section (the steady state's figures)."""
