@@ -88,7 +88,7 @@ def test_a_preempted_run_on_image_files_resumes_to_the_same_state_bit_for_bit(fo
     as real runs compile): the input stream, the parameters, the BN statistics, the optimizer's momentum and
     the clocks all continue where the preempted run stopped."""
     config = _folder_config(folders, schedule__name="constant", schedule__warmup_steps=0,
-                            training__num_train_steps=7, checkpoint__enabled=True, checkpoint__every_steps=2,
+                            training__num_train_steps=7, checkpoint__enabled=True, checkpoint__every_steps=4,
                             checkpoint__async_save=True)  # 7 steps of 8 images: past two epochs of 24.
     reference = jax.device_get(trainer.train_and_evaluate(config, str(tmp_path / "reference")).state)
     monkeypatch.setattr(preemption.PreemptionWatcher, "reached", lambda self, step: step == 5)
