@@ -480,12 +480,16 @@ def best_weights(workdir: str) -> epath.Path | None:
     return legacy if _legacy_best_steps(legacy) else None
 
 
+# What a workdir holds: the final parameters, the best evaluation's.
+WEIGHTS = ("export", "best")
+
+
 def find_weights(path: str, weights: str = "export") -> tuple[epath.Path, dict[str, Any], int | None]:
     """Where saved parameters are: `(variables directory, the run's saved config, step)`.
 
     Args:
       path: a workdir, or directly its `export/` directory, one of its checkpoints (`checkpoints/<step>`)
-        or an earlier version's `best/` directory (then `weights` is not read).
+        or an earlier version's `best/` directory (then `weights` chooses nothing).
       weights: a workdir's "export" (the final parameters) or "best" (the best evaluation's checkpoint).
 
     Returns:
@@ -493,7 +497,10 @@ def find_weights(path: str, weights: str = "export") -> tuple[epath.Path, dict[s
 
     Raises:
       FileNotFoundError: no such parameters, saying what writes them.
+      ValueError: `weights` is not one of `WEIGHTS`.
     """
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}.")
     path = workdir_lib.as_path(path)
     if is_export_directory(path):
         return path / "variables", json.loads((path / "config.json").read_text()), None

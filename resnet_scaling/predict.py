@@ -30,7 +30,7 @@ from resnet_scaling import config as config_lib
 
 __all__ = ["WEIGHTS", "Predictor", "load_predictor", "load_run"]
 
-WEIGHTS = ("export", "best")  # What a workdir holds: the final parameters, the best evaluation's.
+WEIGHTS = checkpointing.WEIGHTS  # What a workdir holds: the final parameters, the best evaluation's.
 # Data sources whose images reach the model as given (no resize or crop in training or evaluation).
 AS_GIVEN_SOURCES = ("arrays", "synthetic")
 
@@ -199,7 +199,7 @@ def load_run(path: str, weights: str = "export") -> tuple[dict[str, Any], ml_col
 
     Args:
       path: a workdir, or directly its `export/` directory or one of its checkpoints (`checkpoints/<step>`;
-        then `weights` is not read).
+        then `weights` chooses nothing).
       weights: "export" (the final parameters) or "best" (those of the best evaluation's checkpoint).
 
     Returns:
@@ -208,7 +208,6 @@ def load_run(path: str, weights: str = "export") -> tuple[dict[str, Any], ml_col
 
     Raises:
       FileNotFoundError: no such parameters, saying what writes them.
+      ValueError: `weights` is neither "export" nor "best".
     """
-    if weights not in WEIGHTS:
-        raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}.")
     return checkpointing.load_weights(path, weights)

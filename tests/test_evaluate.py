@@ -162,6 +162,8 @@ def test_the_predictor_refuses_images_it_cannot_take(run):
             Predictor.from_workdir(str(workdir / "checkpoints"), weights=weights)
     with pytest.raises(FileNotFoundError, match="No workdir, export/ or checkpoint at .*/no-such-run"):
         Predictor.from_workdir(str(workdir / "no-such-run"))
+    with pytest.raises(ValueError, match="weights must be one of export, best, got 'bset'"):
+        checkpointing.load_exported(str(workdir), "bset")  # Not the export by default.
 
 
 # ------------------------------------------------------------------ the command line
