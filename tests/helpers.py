@@ -102,6 +102,12 @@ def launch_xla_flags(num_devices: int | None = None) -> str:
     return " ".join(flags)
 
 
+def users_compile(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a launch that compiles as a user's run does: XLA's default optimisations, not the suite's
+    fast compiles (tests/conftest.py), for launches that time compiling or measure a step's memory."""
+    return {k: v for k, v in env.items() if k != "JAX_DISABLE_MOST_OPTIMIZATIONS"}
+
+
 @contextlib.contextmanager
 def xla_default_optimizations() -> Iterator[None]:
     """Programs compiled in the block are compiled as in real runs, not as the tests' fast compiles: with

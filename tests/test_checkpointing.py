@@ -17,7 +17,7 @@ import pytest
 
 from resnet_scaling import checkpointing, mesh, models, trainer
 from resnet_scaling.resilience import divergence
-from tests.helpers import launch_xla_flags, random_arrays, tiny_config
+from tests.helpers import launch_xla_flags, random_arrays, tiny_config, users_compile
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "train_worker.py"
@@ -264,8 +264,10 @@ def test_sigterm_and_sigkill_at_random_steps_then_resume_give_the_uninterrupted_
                  "training__compilation_cache_dir": str(tmp_path / "compilation_cache")}
     config_file.write_text("from tests.helpers import tiny_config\n\n\n"
                            f"def get_config():\n    return tiny_config(**{overrides!r})\n")
-    # One CPU device, as a user's machine; the config file imports tests/.
-    env = {**os.environ, "XLA_FLAGS": launch_xla_flags(), "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    # One CPU device and a user's compile (the launches time it), as on a user's machine; the config file
+    # imports tests/.
+    env = {**users_compile(dict(os.environ)), "XLA_FLAGS": launch_xla_flags(), "PYTHONPATH": str(REPO),
+           "PYTHONUNBUFFERED": "1"}
 
     def command(workdir):
         return [sys.executable, "-m", "resnet_scaling.train", f"--config={config_file}",

@@ -11,6 +11,8 @@ import textwrap
 
 import pytest
 
+from tests.helpers import users_compile
+
 # In a fresh process (glibc settings are process-wide): the main thread mallocs 256 MiB, touches every
 # page and frees it, three times; the minor page faults of each round.
 _PROBE = textwrap.dedent("""
@@ -37,7 +39,7 @@ needs_glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or not cty
 
 def _run(script: str, *args: str) -> subprocess.CompletedProcess:
     # A user's environment: one CPU device, XLA's default optimisations (not the suite's 8 fake devices).
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = users_compile({k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
     return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, check=True,
                           env={**env, "JAX_PLATFORMS": "cpu"})
 

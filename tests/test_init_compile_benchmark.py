@@ -6,6 +6,8 @@ import pathlib
 import subprocess
 import sys
 
+from tests.helpers import users_compile
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -14,7 +16,8 @@ def test_it_times_both_compiles_of_the_initialiser_and_writes_json(tmp_path):
     proc = subprocess.run(
         [sys.executable, "benchmarks/init_compile.py", "--models=resnet_tiny", "--repeats=2",
          f"--json_out={out}"],
-        cwd=REPO, env={**os.environ, "XLA_FLAGS": ""}, capture_output=True, text=True, timeout=300)
+        cwd=REPO, env={**users_compile(dict(os.environ)), "XLA_FLAGS": ""}, capture_output=True, text=True,
+        timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (row,) = json.loads(out.read_text())["models"]
     assert row["model"] == "resnet_tiny" and row["parameters"] > 0

@@ -74,18 +74,36 @@ def _text(path: pathlib.Path) -> str:
 
 
 @pytest.mark.slow
-def test_a_killed_then_preempted_sbatch_job_resumes_each_time_with_the_same_command(
+def test_a_preempted_sbatch_job_resumes_with_the_same_command_and_a_killed_task_ends_it_in_one_line(
         slurm, demo_data, tmp_path):
-    """One workdir, three jobs of the same command (their launches are shared, as in
-    tests/test_multiprocess.py): a task killed, then a SIGTERM, then the run to its end."""
+    """One workdir, two jobs of the same command (their launches are shared, as in
+    tests/test_multiprocess.py, which also runs a resumed job to its end): a SIGTERM, then a task killed."""
     workdir = tmp_path / "run"
 
-    # Job 1: task 1 killed (SIGKILL) once a checkpoint is complete. srun --kill-on-bad-exit SIGTERMs the
-    # survivor: it must speak before KillWait's SIGKILL, once, naming the dead task and the newest
-    # checkpoint complete on disk (the one the next launch resumes from).
+    # Job 1: `scancel --signal=TERM` once it trains: a checkpoint at the step where both tasks stop.
+    output = tmp_path / "preempted.out"
+    job = _sbatch(slurm, demo_data, workdir, output)
+    _wait(lambda: re.search(rf"\] step \d+/{NUM_STEPS}", _text(output)), "training step", slurm, job, output)
+    signalled = time.monotonic()
+    subprocess.run(["scancel", "--signal=TERM", job], env=slurm.env, check=True)
+    _wait(lambda: slurm.ended(job), "end after SIGTERM", slurm, job, output, timeout_sec=KILL_WAIT_SEC + 30)
+    exit_sec = time.monotonic() - signalled
+    text = output.read_text()
+    # Both tasks exit 0 (srun would say which did not, and the job would be FAILED), with no abort.
+    assert slurm.job_state(job) == ("COMPLETED", "0:0"), text[-4000:]
+    assert not re.search(r"srun: error|Terminating process|Traceback|^error:", text, flags=re.M), text[-4000:]
+    stopped = int(re.search(r"Preempted \(SIGTERM\) at step (\d+): checkpoint saved", text).group(1))
+    assert stopped < NUM_STEPS and checkpointing.complete_steps(str(workdir))[-1] == stopped
+    assert exit_sec < KILL_WAIT_SEC  # Before SLURM would SIGKILL a task that still ran.
+
+    # Job 2: the same command resumes from that checkpoint; task 1 killed (SIGKILL) once a newer checkpoint
+    # is complete. srun --kill-on-bad-exit SIGTERMs the survivor: it must speak before KillWait's SIGKILL,
+    # once, naming the dead task and the newest checkpoint complete on disk (the one the next launch
+    # resumes from).
     output = tmp_path / "killed.out"
     job = _sbatch(slurm, demo_data, workdir, output)
-    _wait(lambda: checkpointing.complete_steps(str(workdir)), "complete checkpoint", slurm, job, output)
+    _wait(lambda: checkpointing.complete_steps(str(workdir))[-1] > stopped, "newer complete checkpoint",
+          slurm, job, output)
     pid = slurm.task_pid(job, 1)
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
@@ -94,6 +112,7 @@ def test_a_killed_then_preempted_sbatch_job_resumes_each_time_with_the_same_comm
           timeout_sec=KILL_WAIT_SEC + 30)
     ended_sec = time.monotonic() - killed
     text = output.read_text()
+    assert re.search(rf"Resumed from .* at step {stopped}\b", text), text[-4000:]
     errors = [line for line in text.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, text[-4000:]
     newest = checkpointing.complete_steps(str(workdir))[-1]
@@ -103,32 +122,6 @@ def test_a_killed_then_preempted_sbatch_job_resumes_each_time_with_the_same_comm
     assert "Terminating process" not in text and "task 0: Killed" not in text, text[-4000:]
     assert ended_sec < distributed.stopping_exit_bound_sec(distributed.DEFAULT_PEER_TIMEOUT_SEC) + 5
     assert slurm.job_state(job)[0] == "FAILED"
-
-    # Job 2: the same command resumes from that checkpoint; `scancel --signal=TERM` once it trains.
-    output = tmp_path / "preempted.out"
-    job = _sbatch(slurm, demo_data, workdir, output)
-    _wait(lambda: re.search(rf"\] step \d+/{NUM_STEPS}", _text(output)), "training step", slurm, job, output)
-    signalled = time.monotonic()
-    subprocess.run(["scancel", "--signal=TERM", job], env=slurm.env, check=True)
-    _wait(lambda: slurm.ended(job), "end after SIGTERM", slurm, job, output, timeout_sec=KILL_WAIT_SEC + 30)
-    exit_sec = time.monotonic() - signalled
-    text = output.read_text()
-    assert re.search(rf"Resumed from .* at step {newest}\b", text), text[-4000:]
-    # Both tasks exit 0 (srun would say which did not, and the job would be FAILED), with no abort.
-    assert slurm.job_state(job) == ("COMPLETED", "0:0"), text[-4000:]
-    assert not re.search(r"srun: error|Terminating process|Traceback|^error:", text, flags=re.M), text[-4000:]
-    stopped = int(re.search(r"Preempted \(SIGTERM\) at step (\d+): checkpoint saved", text).group(1))
-    assert newest < stopped < NUM_STEPS and checkpointing.complete_steps(str(workdir))[-1] == stopped
-    assert exit_sec < KILL_WAIT_SEC  # Before SLURM would SIGKILL a task that still ran.
-
-    # Job 3: the same command again, from the preemption's checkpoint to the end.
-    output = tmp_path / "resumed.out"
-    job = _sbatch(slurm, demo_data, workdir, output)
-    _wait(lambda: slurm.ended(job), "end of the resumed job", slurm, job, output)
-    text = output.read_text()
-    assert slurm.job_state(job) == ("COMPLETED", "0:0"), text[-4000:]
-    assert re.search(rf"Resumed from .* at step {stopped}\b", text), text[-4000:]
-    assert f"Done: step {NUM_STEPS} of {NUM_STEPS}" in text
 
 
 def test_start_up_mistakes_end_in_one_line_within_seconds(slurm, tmp_path):
