@@ -36,8 +36,7 @@ def test_the_demo_command_learns_from_jpeg_files_and_prints_under_60_lines_endin
     env = {k: v for k, v in users_compile(_cli_env()).items()
            if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
     start = time.perf_counter()
-    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     test_wall_sec = time.perf_counter() - start  # Measured here, apart from the trainer's clocks.
     ended = datetime.datetime.now()
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -158,7 +157,7 @@ def test_library_users_see_progress_without_configuring_logging(tmp_path):
     """A plain script that calls train_and_evaluate, as research code does: no logging set up."""
     script = (
         "from resnet_scaling import trainer\n"
-        "from tests.helpers import random_arrays, tiny_config, users_compile\n"
+        "from tests.helpers import random_arrays, tiny_config\n"
         f"trainer.train_and_evaluate(tiny_config(), {str(tmp_path)!r}, arrays=random_arrays())\n"
         "from resnet_scaling import console\n"
         "console.show_progress()  # Idempotent: no second handler.\n"
