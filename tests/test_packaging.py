@@ -177,9 +177,10 @@ def test_the_wheel_with_only_its_declared_dependencies_runs_the_demo_on_a_gs_wor
         workdir = f"{gcs.root}/runs/demo"
 
         def demo(num_steps):
-            # A constant learning rate: the resumed launch's longer run compiles to the same programs, which
-            # it loads from the workdir's compilation cache (in the bucket too). The tiny model: small
-            # checkpoints and exports, so that the emulator's uploads are quick.
+            # A constant learning rate: the resumed launch's longer run compiles to the same programs, and
+            # loads those its workdir's compilation cache (in the bucket too) kept, the ones that took over a
+            # second to compile. The tiny model: small checkpoints and exports, so that the emulator's
+            # uploads are quick.
             overrides = {"schedule.name": "constant", "data.cache_dir": tmp_path / "cache",
                          "model.name": "resnet_tiny", "model.num_filters": 8,
                          "data.num_train_examples": 256,
