@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,10 +21,10 @@ import ml_collections
 import numpy as np
 import optax
 
+from resnet_scaling import checkpointing, models, steps, trainer
 from resnet_scaling import config as config_lib
 from resnet_scaling import data as data_lib
 from resnet_scaling import mesh as mesh_lib
-from resnet_scaling import models, predict, steps, trainer
 from resnet_scaling import plan as plan_lib
 from resnet_scaling.resilience import workdir as workdir_lib
 
@@ -67,7 +66,7 @@ def evaluate_workdir(
       ConfigError: an override or split that does not apply, or an arrays run without `arrays`.
       DataError: a missing, unprepared or malformed dataset.
     """
-    variables, config, step = predict.load_run(workdir, weights)
+    variables, config, step = checkpointing.load_weights(workdir, weights)
     mesh = mesh_lib.create_mesh(-1, list(devices) if devices is not None else None)
     config = evaluation_config(config, mesh.size, split=split, overrides=overrides,
                                has_arrays=arrays is not None)
@@ -77,10 +76,8 @@ def evaluate_workdir(
         raise data_lib.DataError(f"The evaluation split ({split_name(config)}) holds no images.")
     state = replicated_state(models.model_from_config(config), variables, mesh)
     eval_step = steps.jit_eval_step(state, mesh, steps.StepConfig.from_config(config))
-    start = time.perf_counter()
-    metrics = trainer.evaluate(eval_step, state, source)
-    result = {"weights": weights, "split": split_name(config), "step": step, **metrics,
-              "eval_sec": time.perf_counter() - start, "num_devices": mesh.size}
+    result = {"weights": weights, "split": split_name(config), "step": step,
+              **trainer.timed_evaluate(eval_step, state, source), "num_devices": mesh.size}
     if write and jax.process_index() == 0:
         path = workdir_lib.as_path(workdir) / f"eval_{weights}_{_file_safe(result['split'])}.json"
         workdir_lib.write_text_atomically(path, json.dumps(result, indent=2))

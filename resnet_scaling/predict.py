@@ -28,7 +28,7 @@ import numpy as np
 from resnet_scaling import checkpointing, models, steps
 from resnet_scaling import config as config_lib
 
-__all__ = ["WEIGHTS", "Predictor", "load_predictor", "load_run"]
+__all__ = ["WEIGHTS", "Predictor", "load_predictor"]
 
 WEIGHTS = checkpointing.WEIGHTS  # What a workdir holds: the final parameters, the best evaluation's.
 # Data sources whose images reach the model as given (no resize or crop in training or evaluation).
@@ -91,7 +91,7 @@ class Predictor:
           weights: "export" or "best".
           **kwargs: `batch_size`, `device`.
         """
-        variables, config, _ = load_run(path, weights)
+        variables, config = checkpointing.load_exported(path, weights)
         return cls(variables, config, **kwargs)
 
     def __call__(self, images: np.ndarray | jax.Array) -> np.ndarray:
@@ -191,23 +191,3 @@ def _forward(variables: Any, images: jax.Array, *, model: models.ResNet, mean_rg
              stddev_rgb: tuple[float, ...]) -> jax.Array:
     logits = model.apply(variables, steps.normalize_images(images, mean_rgb, stddev_rgb), train=False)
     return logits.astype(jnp.float32)
-
-
-def load_run(path: str, weights: str = "export") -> tuple[dict[str, Any], ml_collections.ConfigDict,
-                                                        int | None]:
-    """`(variables, config, step)` of a run's final or best parameters, the variables NumPy on the host.
-
-    Args:
-      path: a workdir, or directly its `export/` directory or one of its checkpoints (`checkpoints/<step>`;
-        then `weights` chooses nothing).
-      weights: "export" (the final parameters) or "best" (those of the best evaluation's checkpoint).
-
-    Returns:
-      The variables (`{'params': ..., 'batch_stats': ...}`), the run's config over today's defaults
-      (`config.config_from_saved`), and the checkpoint's step (None for the export, which has none).
-
-    Raises:
-      FileNotFoundError: no such parameters, saying what writes them.
-      ValueError: `weights` is neither "export" nor "best".
-    """
-    return checkpointing.load_weights(path, weights)

@@ -38,13 +38,16 @@ MAX_STEPS_AHEAD = 2
 class StepHook(Protocol):
     """What runs around every train step's dispatch: `before_step` in the hooks' order, `after_step` (with
     the new state and the step's outputs, not yet computed) and `close` (at the end, or on an error) in
-    the reverse order, so that the hooks nest."""
+    the reverse order, so that the hooks nest. A subclass overrides only what it needs."""
 
-    def before_step(self, step: int) -> None: ...
+    def before_step(self, step: int) -> None:
+        pass
 
-    def after_step(self, step: int, state: Any, outputs: Any) -> None: ...
+    def after_step(self, step: int, state: Any, outputs: Any) -> None:
+        pass
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        pass
 
 
 @dataclasses.dataclass
@@ -81,6 +84,15 @@ def evaluate(eval_step_fn: Any, state: steps.TrainState, source: data_lib.DataSo
     if totals is None:
         raise ValueError("The evaluation split is empty.")
     return metrics_lib.summarize_eval(jax.device_get(totals))
+
+
+def timed_evaluate(eval_step_fn: Any, state: steps.TrainState, source: data_lib.DataSource
+                   ) -> dict[str, float]:
+    """`evaluate`'s metrics and its wall time, `eval_sec` (kept out of `evaluate`, whose result every
+    process agrees on)."""
+    start = time.perf_counter()
+    metrics = evaluate(eval_step_fn, state, source)
+    return {**metrics, "eval_sec": time.perf_counter() - start}
 
 
 def train_and_evaluate(
@@ -419,7 +431,7 @@ def _log_setup(log: Callable[..., None], run: training_setup.TrainingSetup) -> N
         config.model.compute_dtype)
 
 
-class _Records:
+class _Records(StepHook):
     """The run's metric records, as a step hook: each step's metrics kept on the device until a log point,
     one record per log point and per evaluation, kept in the result and, where `writers` are given
     (process 0), logged and written."""
@@ -430,9 +442,6 @@ class _Records:
         self._buffer = metrics_lib.MetricsBuffer()
         self._interval_first_step = result.start_step + 1
         self.tensorboard_dir = writers.tensorboard_dir if writers is not None else None
-
-    def before_step(self, step: int) -> None:
-        pass
 
     def after_step(self, step: int, state: Any, outputs: Any) -> None:
         self._buffer.append(step, outputs)
@@ -474,9 +483,7 @@ def _evaluate_and_track(run: training_setup.TrainingSetup, state: steps.TrainSta
     target)."""
     plan, config, target = run.plan, run.config, run.config.eval.target_top1
     mlperf.eval_start(step)
-    eval_start = time.perf_counter()
-    eval_metrics = {"step": step, **evaluate(run.eval_step, state, run.source),
-                    "eval_sec": time.perf_counter() - eval_start}
+    eval_metrics = {"step": step, **timed_evaluate(run.eval_step, state, run.source)}
     epoch = plan.epochs_at(step)
     top1 = eval_metrics["eval_top1"]
     if clock.evaluated(step, epoch, top1):
@@ -526,7 +533,7 @@ def _due(step: int, every_steps: int, last: bool) -> bool:
     return last or (every_steps > 0 and step % every_steps == 0)
 
 
-class StepsInFlight:
+class StepsInFlight(StepHook):
     """A step hook that, after step k is dispatched, blocks until step k-`max_steps_ahead` is done.
 
     JAX dispatches steps asynchronously: unbounded, the host can run a whole log interval ahead of the
@@ -538,9 +545,6 @@ class StepsInFlight:
     def __init__(self, max_steps_ahead: int) -> None:
         self._max_steps_ahead = max_steps_ahead
         self._in_flight: collections.deque[Any] = collections.deque()
-
-    def before_step(self, step: int) -> None:
-        pass
 
     def after_step(self, step: int, state: Any, outputs: Any) -> None:
         self._in_flight.append(outputs)

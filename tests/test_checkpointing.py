@@ -362,7 +362,7 @@ def test_the_best_evaluation_outlives_relaunches_and_a_non_finite_one_is_never_b
 def test_an_earlier_versions_best_directory_still_loads(tmp_path):
     import orbax.checkpoint as ocp
 
-    from resnet_scaling import predict, training_setup
+    from resnet_scaling import training_setup
 
     config = tiny_config()
     state = training_setup.setup(config, arrays=random_arrays()).state
@@ -374,7 +374,7 @@ def test_an_earlier_versions_best_directory_still_loads(tmp_path):
                                             meta=ocp.args.JsonSave(meta)))
     manager.wait_until_finished()
     manager.close()
-    loaded, loaded_config, step = predict.load_run(str(tmp_path), "best")
+    loaded, loaded_config, step = checkpointing.load_weights(str(tmp_path), "best")
     _assert_bitwise_equal(loaded, variables)
     assert step == 6 and loaded_config.model.name == config.model.name
 
