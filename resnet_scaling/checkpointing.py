@@ -1,14 +1,12 @@
 """Checkpoints with orbax: asynchronous saves, automatic resume, preemption, best and exported parameters.
 
-Layout under the workdir:
-  checkpoints/<step>/  the full train state, `meta` (config, clocks, array fingerprints) and `metrics` (the
-                       step's evaluation, if any), in one orbax `CheckpointManager` whose preservation policy
-                       keeps the newest `checkpoint.keep` and the best evaluation by top-1.
-  export/              the final parameters and BN statistics with the config, for `load_exported`.
+  checkpoints/<step>/  the train state, `meta` (config, clocks, array fingerprints) and `metrics` (the
+                       step's evaluation), in one `CheckpointManager` that keeps the newest `checkpoint.keep`
+                       and the best evaluation by top-1.
+  export/              the final parameters and BN statistics with the config (`load_exported`).
 
-orbax writes each checkpoint into a temporary directory and renames it when complete, so a crash during
-a save never leaves a half-written checkpoint as the latest. Earlier versions kept the best evaluation's
-parameters apart, in a second manager's best/<step>/; `load_exported` still reads such a directory.
+A save is renamed into place (or committed, on gs://) only when complete. Earlier versions kept the best
+parameters in best/<step>/; `load_exported` still reads it.
 """
 
 from __future__ import annotations
@@ -90,13 +88,10 @@ def where_to_resume(last_complete_step: int | None, directory: str) -> str:
 
 
 def complete_steps(workdir: str) -> list[int]:
-    """The steps under WORKDIR/checkpoints whose save finished, oldest first, as orbax reads its folder (on a
-    local disk a step renamed into place; on gs://, with no renames, one holding its commit marker).
+    """The steps under WORKDIR/checkpoints whose save finished, oldest first, as orbax reads its folder.
 
-    Why orbax's step functions, not a read-only `ocp.CheckpointManager`: creating a manager starts JAX's
-    backend (measured with orbax 0.12.8: 0.27 s, and libtpu's probe where it is installed), and these
-    reads serve the checks a command makes in its first second, before a multi-process job joins
-    (`jax.distributed.initialize` must come before any backend) and before any slow set-up.
+    Not through a `CheckpointManager`: creating one starts JAX's backend (orbax 0.12.8: 0.27 s, and libtpu's
+    probe), and these reads come before a multi-process job joins, which must precede any backend.
     """
     return sorted(ocp.step.checkpoint_steps(workdir_lib.as_path(workdir) / "checkpoints"))
 
@@ -136,8 +131,7 @@ def changed_on_resume(saved_config: dict[str, Any], config: ml_collections.Confi
 
 
 def latest_saved_meta(workdir: str) -> dict[str, Any] | None:
-    """The newest checkpoint's small JSON record (step, config, clocks), read without any device: what the
-    cheap checks before a run's set-up need. None when there is none or it cannot be read."""
+    """The newest readable checkpoint's `meta` (step, config, clocks), read without a device; else None."""
     directory = workdir_lib.as_path(workdir) / "checkpoints"
     for step in reversed(complete_steps(workdir)):
         try:
@@ -159,19 +153,16 @@ def check_compatible(saved: dict[str, Any], config: ml_collections.ConfigDict, d
 
 
 def best_metric(metrics: dict[str, Any]) -> float:
-    """What orbax ranks checkpoints by: the evaluation's top-1. -inf, never kept as the best, for a save
-    without an evaluation and for an evaluation with a non-finite loss (a diverged state, which no later
-    evaluation could displace)."""
+    """What orbax ranks checkpoints by: the evaluation's top-1; -inf (never best) without an evaluation or
+    with a non-finite loss (a diverged state no later evaluation could displace)."""
     if not math.isfinite(metrics.get("eval_loss", math.nan)):
         return -math.inf
     return float(metrics["eval_top1"])
 
 
 def _manager_options(config: ml_collections.ConfigDict | None = None) -> ocp.CheckpointManagerOptions:
-    """One manager's options: a run's (the newest `checkpoint.keep` and the best evaluation kept) or, for
-    `config=None`, a reader's, which never saves (not orbax's `read_only`, which logs two warnings at every
-    creation). `best_fn` makes orbax write and read back each step's metrics, without which the best is
-    forgotten at a relaunch and deleted."""
+    """A run's manager options or, for `config=None`, a reader's (not orbax's `read_only`, which warns twice
+    at every creation). `best_fn` makes orbax keep each step's metrics, so a relaunch still knows the best."""
     if config is None:
         return ocp.CheckpointManagerOptions(create=False, best_fn=best_metric)
     c = config.checkpoint
@@ -185,8 +176,7 @@ def _manager_options(config: ml_collections.ConfigDict | None = None) -> ocp.Che
 
 
 def best_step(workdir: str) -> int | None:
-    """The step of WORKDIR/checkpoints whose evaluation had the best top-1 (the later on a tie), or None
-    when no kept checkpoint was evaluated."""
+    """The kept checkpoint with the best evaluated top-1 (the later on a tie), or None."""
     directory = workdir_lib.as_path(workdir) / "checkpoints"
     if not directory.is_dir():
         return None
@@ -219,17 +209,15 @@ class Checkpointer:
 
     def save(self, step: int, state: Any, clock: dict[str, float],
              eval_metrics: dict[str, float] | None = None) -> None:
-        """Starts saving `state` at `step` (returns once the arrays are copied off the device), with the
-        fingerprint of every array (`state_checks`), verified on restore, and the step's evaluation, by
-        which the best checkpoint is kept.
+        """Starts saving `state` at `step` (returns once the arrays are off the device), with each array's
+        fingerprint (verified on restore) and the step's evaluation (which ranks the best).
 
         Raises:
           CheckpointSaveError: an earlier background save failed, or this one could not start.
         """
         self.check_saves()
         if self.last_started_step is not None:
-            # orbax's save() first waits for the previous one; a failure of that one is its own, not this
-            # step's.
+            # orbax's save() first waits for the previous one: name that one's failure as its own.
             try:
                 self._manager.wait_until_finished()
             except Exception as e:  # noqa: BLE001
@@ -250,8 +238,8 @@ class Checkpointer:
         self.last_started_step = step
 
     def check_saves(self) -> None:
-        """Raises `CheckpointSaveError` if a background save has failed since the last check (a full disk,
-        a revoked permission), so that a run never trains on for hours believing it is checkpointed."""
+        """Raises `CheckpointSaveError` if a background save has failed (full disk, permissions), so that a
+        run never trains on for hours believing it is checkpointed."""
         try:
             self._manager.check_for_errors()
         except Exception as e:  # noqa: BLE001
@@ -265,11 +253,10 @@ class Checkpointer:
                                    f"{where_to_resume(last, self.directory)}")
 
     def restore_latest(self, abstract_state: Any) -> tuple[Any, dict[str, Any]] | None:
-        """Restores the newest complete, readable checkpoint into `abstract_state`'s shardings.
+        """Restores the newest readable checkpoint into `abstract_state`'s shardings; None if there is none.
 
-        Every process restores the same step (agreed by broadcasting process 0's choice), so that a
-        multi-host restore cannot hang on processes that disagree. Unreadable checkpoints are skipped
-        with a warning and the previous one is used. Returns None when there is no checkpoint.
+        Every process restores process 0's choice of step (processes that disagree would hang). Unreadable
+        checkpoints are set aside with a warning and the previous one is tried.
         """
         steps = sorted(self._manager.all_steps(), reverse=True)
         for step in steps:
@@ -337,14 +324,14 @@ class Checkpointer:
         """Writes the final parameters and BN statistics with the config to `export/` (synchronously).
 
         Raises:
-          FloatingPointError: a parameter or statistic is NaN or infinite; nothing is exported.
+          FloatingPointError: a value is NaN or infinite; nothing is exported.
         """
         variables = {"params": state.params, "batch_stats": state.batch_stats}
         if not state_checks.all_finite(variables):
             raise FloatingPointError("The final parameters hold NaN or infinite values: not exporting them; "
                                      f"the checkpoints in {self.directory} are unchanged.")
-        # Barriers of its own: orbax names a save's barriers after the step, and the final checkpoint's save
-        # may still be under way (two processes then took each other's barriers: one timed out, one hung).
+        # Barriers of its own: the final checkpoint's save, whose barriers are named after the same step, may
+        # still be under way (two processes then took each other's barriers: one timed out, one hung).
         checkpointer = ocp.StandardCheckpointer(
             multiprocessing_options=ocp.options.MultiprocessingOptions(barrier_sync_key_prefix="export"))
         path = epath.Path(self._export_directory) / "variables"
@@ -356,8 +343,7 @@ class Checkpointer:
         return self._export_directory
 
     def committed_step(self) -> int | None:
-        """The newest checkpoint known complete on disk, or None while a save is still being written (the
-        newest step listed may be that one)."""
+        """The newest checkpoint known complete on disk; None while a save is being written."""
         if self._manager.is_saving_in_progress():
             return None
         return self._manager.latest_step()
@@ -367,8 +353,8 @@ class Checkpointer:
         return is_export_directory(self._export_directory)
 
     def paths(self, exported: bool) -> dict[str, str]:
-        """What this checkpointer writes, for the closing headline: checkpoints, best and exported weights."""
-        self.wait()  # The headline names complete checkpoints only, the best found by their metrics on disk.
+        """Where the checkpoints, best and exported weights are, for the closing headline."""
+        self.wait()  # The headline names complete checkpoints only.
         paths = {"checkpoints": self.directory}
         if self._config.checkpoint.keep_best and (best := _evaluated_best(self._manager)) is not None:
             paths["best weights"] = str(epath.Path(self.directory) / str(best))
@@ -377,11 +363,7 @@ class Checkpointer:
         return paths
 
     def wait(self) -> None:
-        """Blocks until every started save is complete on disk.
-
-        Raises:
-          CheckpointSaveError: a save under way failed (orbax re-raises its writer's error here).
-        """
+        """Blocks until every started save is complete; `CheckpointSaveError` if one failed."""
         try:
             self._manager.wait_until_finished()
         except Exception as e:  # noqa: BLE001 - named like any other failed save.
@@ -415,9 +397,8 @@ _TENSORSTORE_CAUSES = {"DATA_LOSS": "a file is truncated or corrupt", "OUT_OF_RA
 
 
 def describe_checkpoint_error(error: BaseException) -> str:
-    """A one-line cause for a checkpoint that cannot be read, instead of TensorStore's many-line dump:
-    what the status code along the exception's chain means, then the innermost error's first line (orbax's
-    own message points at a "details" repr that says nothing)."""
+    """A one-line cause for an unreadable checkpoint instead of TensorStore's many-line dump: the meaning of
+    the status code along the exception's chain, then the innermost error's first line."""
     chain, current = [], error
     while current is not None and current not in chain and len(chain) < 20:
         chain.append(current)
@@ -433,13 +414,11 @@ def describe_checkpoint_error(error: BaseException) -> str:
 
 
 def _restore_to_host(path: epath.Path) -> dict[str, Any]:
-    """Restores the parameters and BN statistics of an orbax checkpoint item (a train state's, or an
-    export's variables) as NumPy, whatever topology wrote it.
+    """The parameters and BN statistics of a checkpoint item (a train state, an export's variables) as NumPy,
+    whatever topology wrote it, the optimizer state left on disk.
 
-    Through the item's handler, not a `Checkpointer`: the item lies inside a manager's step, whose step
-    metadata is a level up (a Checkpointer pointed at the item warns "Metadata file does not exist" on every
-    load). `partial_restore` leaves the optimizer state on disk; the restore arguments place every array on
-    this process's first device instead of the saved shardings."""
+    Through the item's handler: a `Checkpointer` pointed inside a manager's step warns "Metadata file does
+    not exist" at every load."""
     handler = ocp.PyTreeCheckpointHandler()
     try:
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -471,8 +450,7 @@ def _is_checkpoint(path: epath.Path) -> bool:
 
 
 def best_weights(workdir: str) -> epath.Path | None:
-    """Where a workdir's best evaluation's parameters are: its checkpoint (`best_step`), or the best/
-    directory an earlier version wrote; None when it has neither."""
+    """A workdir's best evaluation's checkpoint (`best_step`), or an earlier version's best/; else None."""
     step = best_step(workdir)
     if step is not None:
         return workdir_lib.as_path(workdir) / "checkpoints" / str(step)
@@ -488,12 +466,9 @@ def find_weights(path: str, weights: str = "export") -> tuple[epath.Path, dict[s
     """Where saved parameters are: `(variables directory, the run's saved config, step)`.
 
     Args:
-      path: a workdir, or directly its `export/` directory, one of its checkpoints (`checkpoints/<step>`)
-        or an earlier version's `best/` directory (then `weights` chooses nothing).
+      path: a workdir, or its `export/`, one of its checkpoints or an earlier version's `best/` (then
+        `weights` chooses nothing).
       weights: a workdir's "export" (the final parameters) or "best" (the best evaluation's checkpoint).
-
-    Returns:
-      The directory to restore, the config as the run saved it, and the step (None for an export).
 
     Raises:
       FileNotFoundError: no such parameters, saying what writes them.
@@ -532,14 +507,11 @@ def load_exported(path: str, weights: str = "export"
     """Loads parameters and BN statistics with the run's config.
 
     Args:
-      path: a workdir, an `export/` directory, a checkpoint (WORKDIR/checkpoints/<step>) or an earlier
-        version's `best/` directory (`find_weights`).
-      weights: for a workdir, "export" (the final parameters) or "best" (the best evaluation's).
+      path, weights: as `find_weights` takes them.
 
     Returns:
-      `(variables, config)`: NumPy `{'params': ..., 'batch_stats': ...}` for `model.apply` and the
-      config of the run (over today's defaults, `config.config_from_saved`), from which
-      `models.model_from_config(config)` rebuilds the model.
+      `(variables, config)`: NumPy `{'params': ..., 'batch_stats': ...}` for `model.apply`, and the run's
+      config over today's defaults, from which `models.model_from_config(config)` rebuilds the model.
     """
     variables, config, _ = load_weights(path, weights)
     return variables, config

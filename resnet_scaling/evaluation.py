@@ -1,11 +1,9 @@
 """Evaluation only, from Python: `evaluate_workdir(workdir, weights="export"|"best", split=None)`, and the
 command `python -m resnet_scaling.evaluate` (evaluate.py) that wraps it.
 
-Loads a run's final (`export/`) or best (its best evaluation's checkpoint) parameters with the run's own
-config, rebuilds its evaluation input from that config and makes one exact pass over the split (the last
-batch padded and masked, as in the trainer's evaluations), then writes `WORKDIR/eval_<weights>_<split>.json`.
-`evaluate_workdir` also takes the arrays of a run trained on in-memory arrays. Override data or evaluation
-settings for a dataset that moved: `overrides={"data.data_dir": "/mnt/tfds"}`.
+Loads a run's final or best parameters with its config, rebuilds its evaluation input and makes one exact
+pass over the split (the last batch padded and masked), then writes `WORKDIR/eval_<weights>_<split>.json`.
+A dataset that moved: `overrides={"data.data_dir": "/mnt/tfds"}`.
 """
 
 from __future__ import annotations
@@ -113,9 +111,7 @@ def evaluation_config(config: ml_collections.ConfigDict, num_devices: int, *, sp
         config.eval.global_batch_size = -(-eval_batch // num_devices) * num_devices
         logger.info("Evaluation batch %d rounded up to %d for %d devices.", eval_batch,
                     config.eval.global_batch_size, num_devices)
-    # Every source also sets up a training stream, never read here: sized like the evaluation batch, so that
-    # it fits any mesh (a run trained on 8 devices may be evaluated on 1 or 3), without per-device BN groups
-    # (the inference model has none), and with one synthetic batch instead of several.
+    # Every source also sets up a training stream, never read here: sized to fit any mesh, without BN groups.
     config.training.global_batch_size = config.eval.global_batch_size
     config.model.bn_group_size = -1
     config.data.synthetic_num_batches = 1

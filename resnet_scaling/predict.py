@@ -5,13 +5,10 @@
     classes = predictor.predict_classes(images)
     logits = predictor(predictor.prepare(photos))           # any-size images, cropped as evaluation does
 
-Which inputs a run's model expects follows from how it was trained (`Predictor.preprocessing`): a run on
-image files (folders, TFDS, the demo's shapes) evaluated centre crops resized to `data.image_size`, which
-`prepare` makes from images of any size; a run on arrays (`data.source="arrays"`, "synthetic") took its
-arrays as they were, so its inputs must be shaped like them, and `prepare` only checks that.
-
-`model.apply` on raw pixels runs, but the network was trained on `steps.normalize_images`' output and
-mostly answers wrongly; this module exists so that nobody has to remember that.
+The inputs follow from how the run was trained (`Predictor.preprocessing`): a run on image files evaluated
+centre crops resized to `data.image_size`, which `prepare` makes from images of any size; a run on arrays
+took them as given, so inputs must be shaped like them. (`model.apply` on raw pixels runs, but answers
+mostly wrongly: the network was trained on `steps.normalize_images`' output.)
 """
 
 from __future__ import annotations
@@ -38,21 +35,15 @@ AS_GIVEN_SOURCES = ("arrays", "synthetic")
 class Predictor:
     """A run's inference model with its variables and normalisation, the forward pass jitted once.
 
-    Works on one device whatever the run trained on: the inference model has no batch-norm groups
-    (`models.model_from_config(config)` without a plan), and batch norm uses its running averages, so
-    every image's logits are independent of the others in its batch.
+    Runs on one device whatever the run trained on (no batch-norm groups; batch norm uses its running
+    averages, so each image's logits are independent of its batch).
 
     Attributes:
-      config: the run's config.
-      model: the inference model.
-      variables: `{'params': ..., 'batch_stats': ...}` on the device.
       image_size: height and width the model takes (`config.data.image_size`).
-      num_classes: width of the logits.
       mean_rgb, stddev_rgb: the normalisation of `steps.normalize_images` (`config.data`).
       batch_size: the most images one forward pass takes; larger inputs run in chunks.
-      preprocessing: what the run did to its evaluation images, so what inputs need: "eval_crop" (image
-        files: the centre `image_size / eval_resize_size` of the shorter side, resized to `image_size`) or
-        "none" (arrays, taken as given).
+      preprocessing: what inputs need, as the run's evaluation images had: "eval_crop" (image files: the
+        centre crop resized to `image_size`) or "none" (arrays, taken as given).
     """
 
     def __init__(self, variables: Mapping[str, Any], config: ml_collections.ConfigDict, *,
@@ -60,8 +51,7 @@ class Predictor:
         """
         Args:
           variables: `{'params': ..., 'batch_stats': ...}`, as `checkpointing.load_exported` returns.
-          config: the run's config (model, image size, normalisation); fields it lacks (an older run's)
-            take today's defaults.
+          config: the run's config; fields an older run's lacks take today's defaults.
           batch_size: the most images per forward pass (bounds memory on large inputs).
           device: where to run (default: the first device).
         """
@@ -109,10 +99,8 @@ class Predictor:
         return logits
 
     def prepare(self, images: Any) -> np.ndarray:
-        """The model's inputs, uint8 [N, S, S, 3], from uint8 RGB images [H, W, 3] of any size (a list, or
-        one array [N, H, W, 3]), made as the run's evaluation made them (`preprocessing`): centre crop and
-        resize for runs on image files (with TensorFlow, as the input pipeline); for runs on arrays the
-        images must already be S x S, and come back unchanged."""
+        """The model's inputs, uint8 [N, S, S, 3], from uint8 RGB images [H, W, 3] of any size, made as the
+        run's evaluation made them (`preprocessing`); a run on arrays takes only S x S images, unchanged."""
         images = [np.asarray(image) for image in images]
         for image in images:
             if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] != 3:

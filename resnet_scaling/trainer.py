@@ -55,14 +55,11 @@ class TrainResult:
     """What a run leaves behind.
 
     Attributes:
-      state: the final train state (replicated on the mesh).
-      plan: the derived sizes and durations of the run.
       train_history: one record per log point (step, loss, top1, top5, images_per_sec, ...).
       eval_history: one record per evaluation (step, eval_loss, eval_top1, eval_top5, eval_count).
-      compile_sec: time to compile the train step.
       start_step: the step the run started from (> 0 when it resumed from a checkpoint).
       preempted: whether it stopped early on SIGTERM after saving a checkpoint.
-      summary: the headline figures (`metrics.summary`'s schema), as process 0 writes to summary.json.
+      summary: the headline figures (`metrics.summary`'s schema), as in summary.json.
     """
 
     state: steps.TrainState
@@ -111,13 +108,9 @@ def train_and_evaluate(
         `config.data.source == "arrays"`; images uint8 NHWC, labels integers.
       devices: devices for the mesh (default: all of the job's).
 
-    Returns:
-      A `TrainResult` with the final state and the logged metrics.
-
     Raises:
-      RunError: what a user can fix, in one sentence or two (`errors.py`). A full or read-only disk is a
-        `WorkdirError` or a `CheckpointSaveError`, whichever write met it first; both name the cause and
-        the last complete checkpoint.
+      RunError: what a user can fix (`errors.py`). A full or read-only disk is a `WorkdirError` or a
+        `CheckpointSaveError`, naming the cause and the last complete checkpoint.
     """
     launch_start_wall = time.time()  # Goodput counts this launch's set-up as initialisation.
     console.show_progress()
@@ -130,8 +123,7 @@ def train_and_evaluate(
         try:
             return _train(config, workdir, arrays, devices, launch_start_wall)
         except Exception as e:
-            # Any write (metrics, goodput, TensorBoard, a checkpoint) may be the first to meet a full disk;
-            # the OSError may come wrapped (orbax raises ValueErrors from TensorStore's).
+            # Any write may be the first to meet a full disk; orbax wraps the OSError in a ValueError.
             if isinstance(e, RunError) or not workdir_lib.is_storage_full(e):
                 raise
             last = max(checkpointing.complete_steps(workdir), default=None)
@@ -143,8 +135,7 @@ def train_and_evaluate(
 
 @contextlib.contextmanager
 def _locked_workdir(workdir: str) -> Iterator[None]:
-    """Process 0 holds the workdir's lock for the block; every process learns whether it could take it, so
-    that all stop together."""
+    """Process 0 holds the workdir's lock for the block; every process learns whether it got it."""
     lock, error = None, None
     if jax.process_index() == 0:
         try:
@@ -204,8 +195,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
     mlperf, schedule, last_step = _open_mlperf_log(run, workdir, clock, start_step, launch_start_wall, log,
                                                    write=is_writer)
     if mlperf_mode:
-        # MLPerf: no training data is touched before run_start, so the step is compiled on the batch's
-        # shapes (the ahead-of-time path) and the first batch is read on the clock.
+        # MLPerf: no training data before run_start; the step compiles on the batch's shapes.
         batches, batch = None, None
         train_step_fn, compile_sec = run.compile_train_step(state)
     else:
@@ -219,8 +209,6 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
         workdir, tensorboard=config.training.tensorboard, config_text=str(config), resume_step=start_step)
         if is_writer else None)
     watcher = preemption.PreemptionWatcher()
-    # The step's metrics kept on the device, the MLPerf log's epochs and blocks, a profile's window, the
-    # bound on steps in flight.
     hooks: tuple[StepHook, ...] = (
         records,
         mlperf,
@@ -250,7 +238,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                 guard.check_losses(records.fetch())
                 if checkpointer is not None:
                     checkpointer.check_saves()  # A failed background save ends the run now, not later.
-                # For the peer watchdog's message if another process is lost (multi-process runs only).
+                # For the peer watchdog's message if a process is lost.
                 distributed.report_progress(step, checkpointer.committed_step() if checkpointer else None)
                 records.log_point(step)
             eval_metrics = None
@@ -264,8 +252,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                         or (eval_due and config.checkpoint.keep_best))
             if checkpointer is not None and save_due:
                 with clock.paused(wait_for=state, step=step, checkpoint=True):  # Off the training clock too.
-                    # A checkpoint must never hold a diverged state: the losses since the last fetch, then the
-                    # state itself (finite, not exploding).
+                    # A checkpoint never holds a diverged state.
                     guard.check_losses(records.fetch())
                     guard.check_state(step, state)
                     checkpointer.save(step, state, clock.state_dict(), eval_metrics)
@@ -279,8 +266,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                 break
         clock.pause(wait_for=state)
         mlperf.run_stop(mlperf_log.ABORTED if result.preempted else None)
-        # A launch that ran no step (the run was already complete) leaves an existing export as it is:
-        # rewriting its config.json would record settings no step used.
+        # A launch that ran no step keeps an existing export (its config.json would record unused settings).
         ran_a_step = int(state.step) > start_step
         if (checkpointer is not None and not result.preempted and config.checkpoint.export
                 and (ran_a_step or not checkpointer.has_export())):
@@ -305,10 +291,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
 def _already_finished(workdir: str, run: training_setup.TrainingSetup, state: steps.TrainState,
                       checkpointer: checkpointing.Checkpointer, log: Callable[..., None]
                       ) -> TrainResult | None:
-    """A workdir whose checkpoint is at or past this run's last step: refused in one line when past it (a
-    run cannot train backwards, and the state of another step would pass for this run's result); at it,
-    a result from the finished run's own summary.json, which stays as it was, or None when that summary
-    cannot be read (the run then ends normally and writes it)."""
+    """A checkpoint past this run's last step is refused (a run cannot train backwards); one at it gives the
+    finished run's result from its summary.json, or None when that cannot be read (the run then writes it)."""
     step, total = int(state.step), run.plan.total_steps
     if step > total:
         checkpointer.close()
@@ -333,8 +317,7 @@ def _already_finished(workdir: str, run: training_setup.TrainingSetup, state: st
 def _open_mlperf_log(run: training_setup.TrainingSetup, workdir: str, clock: metrics_lib.RunClock,
                      start_step: int, launch_start_wall: float, log: Callable[..., None], *, write: bool
                      ) -> tuple[mlperf_log.MLPerfLog, mlperf_log.EvalSchedule, int]:
-    """The launch's MLPerf log, with its init events logged; the evaluation schedule; the last step to
-    train (the start step for an MLPerf-mode run that already stopped at the target)."""
+    """The launch's MLPerf log (init events logged), the evaluation schedule and the last step to train."""
     config, plan = run.config, run.plan
     last_step = plan.total_steps
     if config.mlperf.enabled and clock.mlperf_stop_step is not None:
@@ -388,8 +371,7 @@ def _write_summary_and_headline(workdir: str, result: TrainResult, tensorboard_d
 
 def _record_changes_on_resume(workdir: str, saved_meta: dict[str, Any], config: ml_collections.ConfigDict,
                               step: int) -> None:
-    """Says which settings of the remaining steps differ from the checkpoint's run (a new learning rate, a
-    longer schedule), in the log and as a line of WORKDIR/config_changes.jsonl."""
+    """Logs the settings that differ from the checkpoint's run, and appends them to config_changes.jsonl."""
     if "run_config" not in saved_meta:  # Checkpoints of earlier versions record only the shapes' fields.
         return
     changes = checkpointing.changed_on_resume(saved_meta["run_config"], config)
@@ -432,9 +414,8 @@ def _log_setup(log: Callable[..., None], run: training_setup.TrainingSetup) -> N
 
 
 class _Records(StepHook):
-    """The run's metric records, as a step hook: each step's metrics kept on the device until a log point,
-    one record per log point and per evaluation, kept in the result and, where `writers` are given
-    (process 0), logged and written."""
+    """A step hook: each step's metrics kept on the device until a log point; a record per log point and
+    per evaluation, kept in the result and, with `writers` (process 0), logged and written."""
 
     def __init__(self, result: TrainResult, clock: metrics_lib.RunClock,
                  writers: metrics_lib.MetricWriters | None) -> None:
@@ -478,9 +459,8 @@ class _Records(StepHook):
 def _evaluate_and_track(run: training_setup.TrainingSetup, state: steps.TrainState, step: int,
                         clock: metrics_lib.RunClock, mlperf: mlperf_log.MLPerfLog, log: Callable[..., None]
                         ) -> tuple[dict[str, float], bool]:
-    """One exact evaluation after `step`: its metrics, logged, in the MLPerf log and counted on the clock
-    and towards the time to the target accuracy; and whether the run stops there (MLPerf mode, at MLPerf's
-    target)."""
+    """One exact evaluation after `step`, logged, in the MLPerf log and on the clock; and whether the run
+    stops there (MLPerf mode, at its target)."""
     plan, config, target = run.plan, run.config, run.config.eval.target_top1
     mlperf.eval_start(step)
     eval_metrics = {"step": step, **timed_evaluate(run.eval_step, state, run.source)}
@@ -534,13 +514,8 @@ def _due(step: int, every_steps: int, last: bool) -> bool:
 
 
 class StepsInFlight(StepHook):
-    """A step hook that, after step k is dispatched, blocks until step k-`max_steps_ahead` is done.
-
-    JAX dispatches steps asynchronously: unbounded, the host can run a whole log interval ahead of the
-    devices, and a SIGTERM noticed at the next dispatch would be acted on only after all of them ran.
-    Waiting for step k-N while dispatching step k keeps the devices fed (N steps queued) and bounds the
-    time from a SIGTERM to the start of the checkpoint at about N+1 step times.
-    """
+    """A step hook that, after step k is dispatched, blocks until step k-`max_steps_ahead` is done: the
+    devices stay fed, and a SIGTERM is acted on within about N+1 step times, not a whole log interval."""
 
     def __init__(self, max_steps_ahead: int) -> None:
         self._max_steps_ahead = max_steps_ahead
