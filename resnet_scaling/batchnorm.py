@@ -1,14 +1,12 @@
 """Batch norm over groups of images (the "distributed batch norm" of the TPU pod MLPerf submissions).
 
-At 32k images per step the case study's authors normalised over groups of replicas (~128 images each)
-rather than the whole batch. Under `jit` the batch is one global array sharded over the mesh's `data`
-axis, device d holding rows [d*b, (d+1)*b); so splitting the batch axis into consecutive groups,
-[B, H, W, C] -> [G, B/G, H, W, C], gives groups made of whole, consecutive devices. XLA's SPMD partitioner
-then reduces each group's statistics only over the devices that hold it: none when a group is one
-device's images, a small all-reduce within each group of devices otherwise (see tests/test_batchnorm.py).
+At 32k images per step the case study's authors normalised over groups of replicas (~128 images each).
+Under `jit` the batch is one global array sharded over `data` (device d holds rows [d*b, (d+1)*b)), so
+consecutive groups, [B, H, W, C] -> [G, B/G, H, W, C], are whole, consecutive devices; XLA's SPMD
+partitioner reduces a group's statistics only over its devices: none for one device's images, else a
+small all-reduce within the group (tests/test_batchnorm.py).
 
-`GroupedBatchNorm` has exactly `nn.BatchNorm`'s variables (params `scale`, `bias`; batch_stats `mean`,
-`var`) and numerics, so parameter counts, checkpoints and the torchvision import are unchanged.
+Same variables and numerics as `nn.BatchNorm`: parameter counts, checkpoints, torchvision import unchanged.
 """
 
 from __future__ import annotations
@@ -23,20 +21,14 @@ import jax.numpy as jnp
 class GroupedBatchNorm(nn.Module):
     """Batch norm whose training statistics are per group of `group_size` consecutive images.
 
-    Training normalises each group with its own mean and (biased) variance, computed in float32 as
-    `nn.BatchNorm` does (E[x^2] - E[x]^2, clipped at 0). The running averages move towards the mean over
-    groups of the group statistics: the global mean, and the average within-group variance. Evaluation
-    (`use_running_average=True`) is the same as `nn.BatchNorm`'s.
+    Each group gets its own mean and biased variance, in float32 as `nn.BatchNorm` (E[x^2] - E[x]^2,
+    clipped at 0). Running averages move towards the global mean and the mean within-group variance.
+    Evaluation (`use_running_average=True`) is `nn.BatchNorm`'s.
 
     Attributes:
-      group_size: images per group; the batch given in training must be a multiple of it.
-      use_running_average: normalise with the running averages (evaluation) instead of the batch.
-      momentum: decay of the running averages.
-      epsilon: added to the variance.
-      dtype: dtype of the output (default: inferred, as `nn.BatchNorm`).
-      param_dtype: dtype of `scale` and `bias`.
-      scale_init: initialiser of `scale` (zeros for the last BN of a residual branch).
-      bias_init: initialiser of `bias`.
+      group_size: images per group; the training batch must be a multiple of it.
+      dtype: output dtype (default: inferred, as `nn.BatchNorm`).
+      scale_init: zeros for the last BN of a residual branch.
     """
 
     group_size: int
@@ -70,8 +62,7 @@ class GroupedBatchNorm(nn.Module):
                     f"GroupedBatchNorm: a batch of {batch} images does not split into groups of "
                     f"{self.group_size}; set config.model.bn_group_size to a divisor of the batch.")
             num_groups = batch // self.group_size
-            # Consecutive rows form a group; with the batch sharded over `data`, a group is a run of
-            # consecutive devices.
+            # Consecutive rows form a group: whole, consecutive devices (module docstring).
             y = x.reshape(num_groups, self.group_size, *x.shape[1:])
             reduction_axes = tuple(range(1, y.ndim - 1))
             stats_input = y.astype(jnp.promote_types(y.dtype, jnp.float32))

@@ -1,11 +1,8 @@
 """The base configuration (every field commented) and its validation.
 
 Config files under `configs/` start from `get_base_config()` and change only what differs. `setup`
-(training_setup.py) calls `validate(config, num_devices)` once per command; `plan.derive` then turns the
-config, the mesh and the dataset's size into one `TrainingPlan` that every consumer reads.
-
-The allowed values of each choice live next to the factory that uses them (`models.MODEL_NAMES`,
-`optim.OPTIMIZERS`, `data.DATA_SOURCES`, ...); validation reads them from there.
+(training_setup.py) validates once per command; `plan.derive` then makes the `TrainingPlan` consumers read.
+Each choice's allowed values live beside the factory that uses them (`models.MODEL_NAMES`, ...).
 """
 
 from __future__ import annotations
@@ -40,10 +37,8 @@ IMAGENET_STDDEV_RGB = (0.229, 0.224, 0.225)
 
 def get_base_config() -> ml_collections.ConfigDict:
     """Returns the defaults every config file starts from: ResNet-50 on ImageNet for 90 epochs, locked
-    against fields it does not have (a misspelled one raises `AttributeError` with the likely name).
-
-    Durations (the run, warm-ups, intervals) can each be given in steps, examples or epochs: the first
-    of `*_steps`, `*_examples`, `*_epochs` that is set (not None) counts (`plan.duration_steps`).
+    (a misspelled field raises `AttributeError` with the likely name instead of being accepted silently).
+    Durations: the first of `*_steps`, `*_examples`, `*_epochs` set (not None) counts (`plan.duration_steps`).
     """
     config = ml_collections.ConfigDict()
     config.seed = 0  # Seeds parameter initialisation, synthetic data and shuffling.
@@ -55,9 +50,8 @@ def get_base_config() -> ml_collections.ConfigDict:
     config.model.zero_init_last_bn_scale = True  # Zero-init the last BN scale in each block (Goyal et al.).
     config.model.bn_momentum = 0.9  # Decay of the batch-norm moving averages.
     config.model.bn_epsilon = 1e-5  # Added to the variance in batch norm.
-    # Images per batch-norm group in training: -1 the whole global batch, 0 each device's own images,
-    # N > 0 groups of N consecutive images (whole devices: a multiple of the per-device batch that divides
-    # the global batch). The TPU pod MLPerf runs normalised over ~128-image groups.
+    # Images per batch-norm group in training: -1 the global batch, 0 each device's own, N > 0 consecutive
+    # images (a multiple of the per-device batch dividing the global batch; MLPerf's TPU pod runs used ~128).
     config.model.bn_group_size = -1
     # Dtype of activations and convolutions. Parameters, BN statistics and the loss stay float32.
     # float16 turns on dynamic loss scaling (for V100s, which have no bfloat16 units).
@@ -65,19 +59,16 @@ def get_base_config() -> ml_collections.ConfigDict:
     # How 1x1 convolutions and max pooling are written (models.LOWERINGS): "auto" picks the forms XLA's CPU
     # backend runs fastest on CPUs and nn.Conv / nn.max_pool on TPUs and GPUs; same parameters, same outputs.
     config.model.lowering = "auto"
-    # Start from these weights instead of random ones: a torchvision ResNet state dict saved as .npz, a
-    # workdir (its export/), an export/ directory or a checkpoint (WORKDIR/checkpoints/<step>). A run
-    # resuming its own checkpoint ignores it.
+    # Initial weights: a torchvision ResNet state dict saved as .npz, a workdir (its export/), an export/
+    # directory or a checkpoint (WORKDIR/checkpoints/<step>); a run resuming its own checkpoint ignores it.
     config.model.init_from = ""
     config.model.init_skip_classifier = False  # Start the classifier afresh (fine-tuning, other classes).
 
     config.data = ml_collections.ConfigDict()
-    # Where images come from:
-    #   "tfds": a prepared TensorFlow Datasets dataset (`dataset`, `data_dir`; imagenet2012 by default),
-    #   "folders": JPEG/PNG files in <folder>/train/<class>/ and <folder>/val/<class>/,
-    #   "shapes": the generated demo dataset, written once as JPEGs into `cache_dir`, read like "folders",
-    #   "synthetic": random images made on the device (throughput benchmarks; no input cost),
-    #   "arrays": NumPy arrays handed to train_and_evaluate (research code, tests).
+    # Where images come from: "tfds" a prepared TFDS dataset (`dataset`, `data_dir`), "folders" JPEG/PNG
+    # files in <folder>/train/<class>/ and <folder>/val/<class>/, "shapes" the demo dataset (JPEGs written
+    # once into `cache_dir`, read like "folders"), "synthetic" random images made on the device (throughput
+    # benchmarks; no input cost), "arrays" NumPy arrays handed to train_and_evaluate (research code, tests).
     config.data.source = "tfds"
     config.data.dataset = "imagenet2012"  # TFDS name, optionally with config/version ("name/config:1.0.0").
     config.data.data_dir = ""  # TFDS data_dir; "": $TFDS_DATA_DIR or ~/tensorflow_datasets.
@@ -94,8 +85,7 @@ def get_base_config() -> ml_collections.ConfigDict:
     config.data.stddev_rgb = IMAGENET_STDDEV_RGB  # Divides them afterwards.
     config.data.shuffle = True  # Reshuffle the training examples every epoch.
     config.data.synthetic_num_batches = 4  # Distinct batches the synthetic source makes and cycles.
-    # Training augmentation (ResNet-50 v1.5 reference): decode a random crop covering this fraction of
-    # the image's area (MLPerf uses 0.05 as the lower end) with an aspect ratio in this range, resize it.
+    # Training crop (ResNet-50 v1.5 reference): area fraction (MLPerf: 0.05-1) and aspect-ratio ranges.
     config.data.crop_area_range = (0.08, 1.0)
     config.data.crop_aspect_range = (3 / 4, 4 / 3)
     config.data.crop_attempts = 10  # Windows tried before falling back to the evaluation centre crop.
@@ -132,23 +122,19 @@ def get_base_config() -> ml_collections.ConfigDict:
     config.training.num_epochs = 90.0
     config.training.label_smoothing = 0.0  # Weight of the uniform distribution mixed into the labels.
     config.training.log_every_steps = 100  # Fetch metrics from the device and log them this often.
-    # The divergence guard: a state whose parameter norm grew more than this factor since the run started
-    # (or resumed) is treated as diverged and never checkpointed; 0 turns this check off. Training with
-    # weight decay and BN keeps it within a few x; a runaway learning rate multiplies it by 1e3-1e10 in a
-    # few steps, before the loss turns NaN. NaN or infinite states are never checkpointed either way.
+    # Divergence guard: a state whose parameter norm grew more than this factor since the run (re)started
+    # is never checkpointed; 0: off. Weight decay and BN keep it within a few x; a runaway learning rate
+    # multiplies it by 1e3-1e10 in a few steps, before the loss turns NaN (NaN is never checkpointed anyway).
     config.training.max_param_norm_growth = 100.0
     config.training.tensorboard = True  # Also write TensorBoard event files (clu; imports TensorFlow).
-    # Before the timed region (steady-state images/sec, time-to-accuracy) starts: one epoch by default, as
-    # the case study ran one warm-up epoch before its clock started; 0 for none.
+    # Before timing steady-state images/sec and time-to-accuracy: one epoch, as the case study ran; 0: none.
     config.training.timing_warmup_steps = placeholder(int)
     config.training.timing_warmup_examples = placeholder(int)
     config.training.timing_warmup_epochs = 1.0
-    # Steps (first, last) to trace with jax.profiler into WORKDIR/tensorboard (TensorBoard's Profile tab);
-    # (0, 0) traces nothing. Process 0 traces its host and devices.
+    # Steps (first, last) process 0 traces with jax.profiler into WORKDIR/tensorboard; (0, 0): none.
     config.training.profile_steps = (0, 0)
-    # JAX's persistent compilation cache, so that a restarted run (a preemption, a crash) loads its
-    # compiled step instead of compiling it again: "{workdir}" stands for the run's workdir (shared by every
-    # process of a job; gs:// works); "" turns it off. Set by the command-line entry points.
+    # JAX's persistent compilation cache, set by the entry points: a restarted run loads its compiled step.
+    # "{workdir}": the run's workdir (shared by the job's processes; gs:// works); "" turns it off.
     config.training.compilation_cache_dir = "{workdir}/compilation_cache"
 
     config.optimizer = ml_collections.ConfigDict()
@@ -158,8 +144,7 @@ def get_base_config() -> ml_collections.ConfigDict:
     config.optimizer.momentum = 0.9  # Momentum of SGD and LARS.
     config.optimizer.nesterov = False  # Nesterov momentum (SGD and LARS).
     config.optimizer.weight_decay = 1e-4  # L2 coefficient.
-    # Where weight decay applies: "kernels" (conv and dense kernels) or "non_batchnorm" (kernels and biases,
-    # as tensorflow/tpu's L2 loss and Goyal et al.); never batch-norm parameters.
+    # "kernels" (conv, dense) or "non_batchnorm" (and biases: tensorflow/tpu's L2 loss, Goyal et al.); not BN.
     config.optimizer.weight_decay_on = "kernels"
     config.optimizer.lars_trust_coefficient = 0.001  # LARS eta; trust ratios skip BN params and biases.
     config.optimizer.lars_epsilon = 0.0  # Added to the LARS trust ratio's denominator.
@@ -194,8 +179,7 @@ def get_base_config() -> ml_collections.ConfigDict:
     config.checkpoint.keep_best = True
     config.checkpoint.async_save = True  # Write in the background while training goes on.
     config.checkpoint.export = True  # Write the final parameters to WORKDIR/export at the end.
-    # When every checkpoint of the workdir is unreadable (moved to unreadable_checkpoints/), train from step
-    # 0 anyway instead of stopping with an error.
+    # If every checkpoint is unreadable (moved to unreadable_checkpoints/), train from step 0, not fail.
     config.checkpoint.restart_from_scratch = False
 
     config.eval = ml_collections.ConfigDict()
@@ -207,19 +191,16 @@ def get_base_config() -> ml_collections.ConfigDict:
     # Top-1 that counts as trained, for time-to-accuracy: the case study's 0.76; MLPerf's is 0.759.
     config.eval.target_top1 = 0.76
 
-    # MLPerf Training. Every run writes WORKDIR/mlperf_log.txt (process 0), MLPerf's log format through
-    # mlperf_logging's mllog (metrics/mlperf_log.py). MLPerf mode (`enabled`) also follows MLPerf's rules
-    # where they differ from the case study's: the step is compiled on the batch's shapes before run_start
-    # (no data read before the clock), evaluations every `eval_every_epochs` epochs counted by images seen
-    # (instead of eval.every_*), a stop at the first evaluation at or above `target_top1`, and MLPerf's
-    # training crop area, 0.05-1 (instead of data.crop_area_range).
+    # MLPerf Training: every run writes WORKDIR/mlperf_log.txt (process 0) with mlperf_logging's mllog
+    # (metrics/mlperf_log.py). MLPerf mode (`enabled`) follows MLPerf's rules over the case study's: the step
+    # compiled on the batch's shapes before run_start (no data read before the clock), evaluations every
+    # `eval_every_epochs` by images seen, a stop at the first at or above `target_top1`, a 0.05-1 crop area.
     config.mlperf = ml_collections.ConfigDict()
     config.mlperf.enabled = False
     config.mlperf.target_top1 = 0.759  # MLPerf's ResNet-50 target: run_stop says success at or above it.
     config.mlperf.eval_every_epochs = 4  # MLPerf mode: evaluate after every 4th epoch (a whole number).
-    # The log's submission keys: who ran it ("" for "resnet_scaling"), on what ("" for config.system.name,
-    # else "<devices>x<device kind>"), the division ("closed" or "open") and the status ("cloud", "onprem",
-    # "preview" or "research").
+    # The log's submission keys: org ("": "resnet_scaling"), platform ("": config.system.name, else
+    # "<devices>x<device kind>"), division ("closed"/"open"), status ("cloud"/"onprem"/"preview"/"research").
     config.mlperf.submission_org = ""
     config.mlperf.submission_platform = ""
     config.mlperf.submission_division = "closed"
@@ -227,8 +208,7 @@ def get_base_config() -> ml_collections.ConfigDict:
     # cache_clear's value: set True when the launch dropped the OS page cache before the run, as MLPerf
     # asks (`sync; echo 3 > /proc/sys/vm/drop_caches`, as root); the library cannot do it itself.
     config.mlperf.caches_cleared = False
-    # Locked: setting a field it does not have (`config.training.global_batchsize = 64`) raises, naming the
-    # field meant, instead of being accepted silently; `with config.unlocked():` adds one on purpose.
+    # Locked (see above); `with config.unlocked():` adds a field on purpose.
     config.lock()
     return config
 
@@ -255,10 +235,9 @@ def _validate_bn_group_size(v: _Problems, config: ml_collections.ConfigDict,
 
 
 def _validate_slices(v: _Problems, config: ml_collections.ConfigDict) -> None:
-    """Several slices split the pinned device count evenly, and batch-norm groups (N > 0 images) stay in
-    one slice: a group across slices would all-reduce every BN layer's statistics over DCN, forward and
-    backward. -1 (the global batch) stays allowed: it spans the slices by definition (and evaluation,
-    which has no groups, sets it). `mesh.create_mesh` checks the devices themselves."""
+    """Several slices split the pinned device count evenly, and BN groups (N > 0) stay in one slice (across
+    slices, every BN layer would all-reduce its statistics over DCN, forward and backward). -1 spans them by
+    definition (evaluation, with no groups, sets it). `mesh.create_mesh` checks the devices themselves."""
     num_slices = config.system.num_slices
     v.require(isinstance(num_slices, int) and num_slices >= 1, "system.num_slices",
               f"use 1 (one slice) or the number of TPU slices of the job, got {num_slices!r}.")
@@ -373,7 +352,6 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     at once ("2 problems: config.a: ...; config.b: ...").
 
     Args:
-      config: the config to check.
       num_devices: devices the run will use; when given, batch divisibility is checked too.
     """
     problems = _Problems()
@@ -481,9 +459,8 @@ def _check(v: _Problems, config: ml_collections.ConfigDict, num_devices: int | N
 
 
 def config_from_saved(values: Mapping[str, Any]) -> ml_collections.ConfigDict:
-    """A saved run's config (as export/ and checkpoints hold it) over today's
-    `get_base_config()`: fields added since the run was saved take their defaults, so that older workdirs
-    still validate and build; every saved value is kept."""
+    """A saved run's config (from export/ or a checkpoint) over today's `get_base_config()`: newer fields
+    take their defaults, so older workdirs still validate and build; every saved value is kept."""
     config = get_base_config()
     with config.unlocked():  # Fields a saved run had that today's base has not are kept too.
         _merge(config, values)
@@ -536,8 +513,7 @@ def find_config_file(value: str) -> str:
 
 
 def load_config(value: str) -> ml_collections.ConfigDict:
-    """The config a `--config` value names (`find_config_file`: a shipped name or a path), built by its
-    `get_config()`.
+    """The config a `--config` value names (a shipped name or a path), built by its `get_config()`.
 
     Raises:
       FileNotFoundError: no such config file or shipped name.

@@ -1,15 +1,10 @@
 """Forms of ResNet's layers that XLA's CPU backend runs faster: the model's "cpu" lowering.
 
-Each has the parameters and values of the layer it stands for (`nn.Conv`, `nn.max_pool`); tests compare
-both forms, forward and gradients. Measured on a 2-core x86-64 machine, jax 0.10.2 (benchmarks/README.md):
-
-- `PointwiseConv`, `pointwise_dot`: 1x1 convolutions as matrix products over channels.
-- `max_pool_3x3_s2`: max pooling as strided maxima, whose gradient is elementwise selects.
-- `PatchGradConv`, `patch_grad_conv`: a strided convolution (the stem's 7x7, the 3x3 of a stage's first
-  block) whose weight gradient is one matrix product over the input's patches.
-
-Accelerators get `nn.Conv` and `nn.max_pool` (the "xla" lowering): their convolution units and cuDNN take
-those forms directly.
+Each has the parameters and values of the layer it stands for (`nn.Conv`, `nn.max_pool`; tests compare
+forward and gradients): `PointwiseConv` (1x1 convolutions as matrix products), `max_pool_3x3_s2` (strided
+maxima), `PatchGradConv` (strided convolutions, the stem's 7x7 and first blocks' 3x3s, whose weight
+gradient is one product over patches). Timings here: a 2-core x86-64 machine, jax 0.10.2
+(benchmarks/README.md). Accelerators get `nn.Conv` and `nn.max_pool` (the "xla" lowering) directly.
 """
 
 from __future__ import annotations
@@ -26,12 +21,10 @@ conv_kernel_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
 
 
 class PointwiseConv(nn.Module):
-    """A 1x1 convolution written as a matrix product over channels (same `kernel` [1, 1, in, out]).
+    """A 1x1 convolution as a matrix product over channels (same `kernel` [1, 1, in, out]).
 
-    XLA's CPU backend runs 1x1 convolutions, and above all their weight gradients, several times slower
-    than the equivalent dot (measured: 6 vs 44 GFLOP/s for the weight gradient, see
-    benchmarks/README.md); GPUs and TPUs lower both forms to the same matrix units. The product's
-    gradient is `pointwise_dot`'s, which also chooses which operand the weight gradient transposes.
+    XLA:CPU runs 1x1 convolutions, above all their weight gradients, several times slower than the dot
+    (weight gradient 6 vs 44 GFLOP/s, benchmarks/README.md); GPUs and TPUs lower both to the same units.
     """
 
     features: int
@@ -64,9 +57,8 @@ def _pointwise_dot_fwd(x, w):
 
 
 def _pointwise_dot_bwd(residuals, g):
-    # The weight gradient sums over every pixel: a product whose contraction runs along the activations'
-    # major axis, so XLA:CPU materialises one operand transposed. Left alone it often picks the wider one
-    # (the output gradient of a 64 -> 256 expansion); the narrower one is up to 4x fewer bytes to move.
+    # The weight gradient contracts the activations' major axis, so XLA:CPU transposes one operand, often
+    # the wider (a 64 -> 256 expansion's output gradient); the narrower is up to 4x fewer bytes.
     x, w = residuals
     dx = jax.lax.dot_general(g, w, (((g.ndim - 1,), (1,)), ((), ())))
     xf, gf = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
@@ -81,11 +73,10 @@ pointwise_dot.defvjp(_pointwise_dot_fwd, _pointwise_dot_bwd)
 
 
 def max_pool_3x3_s2(x: jax.Array) -> jax.Array:
-    """3x3 max pooling with stride 2 and padding 1 (as torchvision), as strided maxima.
+    """3x3 max pooling, stride 2, padding 1 (as torchvision), as strided maxima.
 
-    The same values as `nn.max_pool`, but its gradient is elementwise selects instead of XLA's
-    select-and-scatter, which runs ~6x slower on CPUs; accelerators fuse either form. The window is
-    separable: the maximum of 3 strided rows, then of 3 strided columns (4 maxima instead of 8).
+    `nn.max_pool`'s values, but the gradient is elementwise selects, not select-and-scatter (~6x slower on
+    CPUs; accelerators fuse either). Separable: max of 3 strided rows, then columns (4 maxima, not 8).
     """
     height, width = -(-x.shape[1] // 2), -(-x.shape[2] // 2)
     padded = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=-jnp.inf)
@@ -125,11 +116,10 @@ def _patch_grad_conv_fwd(x, w, strides, padding):
 
 
 def _patch_grad_conv_bwd(strides, padding, residuals, g):
-    # XLA:CPU computes a strided convolution's weight gradient as a convolution dilated by the stride,
-    # slower than the same sum as one product of the patches with the output gradient: ResNet-50's
-    # stem 60 -> 40 ms, its stride-2 3x3s 1.17x faster with their input gradients, batch 16 on 2 cores
-    # (benchmarks/cpu_lowering.py). The input gradient stays XLA's (dead code for the stem, whose input
-    # is the image).
+    # XLA:CPU's weight gradient of a strided convolution (a stride-dilated convolution) is slower than one
+    # product of patches and output gradient: ResNet-50's stem 60 -> 40 ms, its stride-2 3x3s 1.17x faster
+    # with input gradients, batch 16, 2 cores (benchmarks/cpu_lowering.py). Input gradient: XLA's (dead
+    # for the stem).
     x, w = residuals
     _, input_vjp = jax.vjp(lambda x: _conv(x, w, strides, padding), x)
     (dx,) = input_vjp(g)

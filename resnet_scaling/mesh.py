@@ -1,12 +1,9 @@
 """The device mesh, its shardings, and host-local batches turned into global arrays.
 
-One parallelism path for 1 to 512+ devices: data parallelism, batches sharded over every device of the job
-and the train state replicated. One slice (or one GPU host, or a CPU) gets a 1-D mesh with axis `data`.
-Several TPU slices joined by the data-center network (multislice, `config.system.num_slices` > 1) get a
-2-D mesh ("dcn", "data"): one row per slice, a slice's devices along `data` (its ICI), and the batch split
-over both axes, slice-major. Consecutive batch rows therefore lie on consecutive devices of one slice, so
-batch-norm groups of whole devices stay inside a slice; the gradient all-reduce is left to XLA, which on
-TPU reduces within each slice over ICI before anything crosses DCN (see aot.py and the README).
+Data parallelism for 1 to 512+ devices: batches sharded over every device, the train state replicated. One
+slice (or GPU host, or CPU) gets a 1-D `data` mesh. Multislice (`config.system.num_slices` > 1) gets ("dcn",
+"data"), a row per slice, the batch split slice-major so batch-norm groups of whole devices stay in a slice.
+XLA's gradient all-reduce on TPU reduces within each slice over ICI before crossing DCN (see aot.py, README).
 """
 
 from __future__ import annotations
@@ -39,18 +36,16 @@ def create_mesh(num_devices: int = -1, devices: list[jax.Device] | None = None,
     """Returns the data-parallel mesh over `num_devices` devices (-1: all of `jax.devices()`).
 
     Args:
-      num_devices: `config.mesh.num_devices`. With fewer devices than the job has (single-process,
-        single-slice runs only), the first `num_devices` are used.
-      devices: the devices to use (default: the job's); a TPU topology's for ahead-of-time compiles.
-      num_slices: `config.system.num_slices`; None: as many as the devices come from. Above 1: the
-        ("dcn", "data") mesh of `hybrid_device_grid` (TPU) or `fake_slices_device_grid` (devices without
-        a `slice_index`, e.g. 8 CPU devices as 2 "slices" of 4, to test the multislice path).
+      num_devices: `config.mesh.num_devices`; fewer than the job's (single-process, single-slice): the first.
+      devices: default the job's; a TPU topology's for ahead-of-time compiles.
+      num_slices: `config.system.num_slices`; None: as many as the devices come from. Above 1: the grid of
+        `hybrid_device_grid` (TPU) or `fake_slices_device_grid` (e.g. 8 CPU devices as 2 slices of 4).
 
     Returns:
       A 1-D mesh (axis `data`) for one slice, else a 2-D mesh (`dcn`, `data`).
 
     Raises:
-      ConfigError: a device count or slice count these devices cannot give, naming the field to change.
+      ConfigError: a device or slice count these devices cannot give, naming the field to change.
     """
     devices = list(devices if devices is not None else jax.devices())
     num_devices = mesh_size(num_devices, len(devices))
@@ -88,12 +83,9 @@ def create_mesh(num_devices: int = -1, devices: list[jax.Device] | None = None,
 
 
 def hybrid_device_grid(devices: Sequence[jax.Device], num_slices: int) -> np.ndarray:
-    """[num_slices, devices per slice] of TPU devices: row s holds slice s's devices (`slice_index`), in
-    the ICI order `mesh_utils.create_hybrid_device_mesh` picks (a ring through the slice's torus).
-
-    Topologies that function cannot lay out (e.g. one device per TensorCore on v4) keep the given order
-    within each slice.
-    """
+    """[num_slices, devices per slice] of TPU devices: row s holds slice s's devices, in the ICI order
+    `mesh_utils.create_hybrid_device_mesh` picks (a ring through the slice's torus), or in the given order
+    where it cannot lay them out (e.g. one device per TensorCore on v4)."""
     from jax.experimental import mesh_utils
 
     per_slice = len(devices) // num_slices
@@ -147,8 +139,7 @@ def process_layout(mesh: Mesh) -> tuple[int, int]:
 def host_local_to_global(batch: Any, mesh: Mesh) -> Any:
     """Assembles this process's part of a batch (a pytree of NumPy arrays) into global `jax.Array`s.
 
-    Every process calls this with its own `BatchPlan.per_process_batch_size` rows; together they form the
-    global batch, sharded over the batch axes.
+    Each process passes its `BatchPlan.per_process_batch_size` rows; together they form the global batch.
     """
     sharding = batch_sharding(mesh)
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), batch)

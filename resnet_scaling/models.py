@@ -1,8 +1,7 @@
-"""ResNet v1.5 in Flax (NHWC), the family from ResNet-18 to ResNet-200 plus a tiny test model.
+"""ResNet v1.5 in Flax (NHWC), ResNet-18 to ResNet-200 plus a tiny test model.
 
-v1.5 (as in torchvision and the MLPerf reference) puts the stride of a stage's first bottleneck on its
-3x3 convolution rather than on its first 1x1. Convolutions pad symmetrically, as TF's `fixed_padding`
-and PyTorch do, so that torchvision weights give the same outputs here (see `weights.py`).
+v1.5 (torchvision, MLPerf reference) strides a stage's first bottleneck on its 3x3, not its first 1x1.
+Convolutions pad symmetrically (TF's `fixed_padding`, PyTorch): torchvision weights give the same outputs.
 """
 
 from __future__ import annotations
@@ -31,11 +30,9 @@ ModuleDef = Any
 dense_kernel_init = nn.initializers.normal(stddev=0.01)
 
 
-# How convolutions and pooling are written (`config.model.lowering`): "cpu" with the forms of
-# `cpu_lowering` (1x1 convolutions as matrix products, strided convolutions whose weight gradient is a
-# product over patches, max pooling as strided maxima), which XLA's CPU backend runs faster; "xla" as
-# `nn.Conv` and `nn.max_pool`, the forms XLA's TPU and GPU backends map onto their convolution units and
-# cuDNN; "auto" picks "cpu" on CPUs and "xla" elsewhere. Both have the same parameters and outputs.
+# `config.model.lowering`: "cpu" uses `cpu_lowering`'s forms, which XLA:CPU runs faster; "xla" uses
+# `nn.Conv` and `nn.max_pool`, which TPU and GPU backends map onto their convolution units and cuDNN;
+# "auto" picks "cpu" on CPUs, "xla" elsewhere. Both have the same parameters and outputs.
 LOWERINGS = ("auto", "cpu", "xla")
 
 
@@ -56,9 +53,8 @@ def max_pool_3x3_s2_xla(x: jax.Array) -> jax.Array:
 def make_conv(features: int, kernel_size: tuple[int, int], strides: tuple[int, int] = (1, 1), *,
               padding: Any = "SAME", dtype: Any = jnp.float32, name: str | None = None,
               lowering: str = "auto") -> nn.Module:
-    """A bias-free He-initialised convolution; with the "cpu" lowering ("auto" on a CPU backend), 1x1 kernels
-    without padding become `PointwiseConv`, and strided kernels with explicit padding `PatchGradConv` (the
-    same `kernel`)."""
+    """A bias-free He-initialised convolution; the "cpu" lowering makes unpadded 1x1 kernels `PointwiseConv`
+    and strided, explicitly padded ones `PatchGradConv` (the same `kernel`)."""
     lowering = resolve_lowering(lowering)
     pointwise = tuple(kernel_size) == (1, 1) and padding in ("SAME", "VALID") and strides[0] == strides[1]
     if lowering == "cpu" and pointwise:
@@ -129,18 +125,13 @@ class ResNet(nn.Module):
     """ResNet v1.5 classifier on NHWC images that are already normalised.
 
     Attributes:
-      stage_sizes: blocks per stage.
       block_cls: `BasicBlock` or `BottleneckBlock`.
-      num_classes: classifier width.
-      num_filters: channels of the stem and of the first stage's blocks; doubled per stage.
+      num_filters: channels of the stem and the first stage; doubled per stage.
       dtype: compute dtype of activations; parameters and BN statistics stay float32.
-      bn_momentum: decay of the BN moving averages.
-      bn_epsilon: added to the BN variance.
       zero_init_last_bn_scale: start each residual branch at zero (Goyal et al.).
-      bn_group_size: images per batch-norm group in training (`GroupedBatchNorm`); None normalises over
-        the whole batch given (under `jit`, the global batch) with `nn.BatchNorm`.
-      lowering: "auto", "cpu" or "xla" (see `LOWERINGS`): how 1x1 convolutions and max pooling are
-        written; "auto" follows JAX's default backend when the model is traced.
+      bn_group_size: images per BN group in training (`GroupedBatchNorm`); None: `nn.BatchNorm` over the
+        whole batch given (under `jit`, the global batch).
+      lowering: see `LOWERINGS`; "auto" follows JAX's default backend when the model is traced.
     """
 
     stage_sizes: Sequence[int]
@@ -215,10 +206,7 @@ def create_model(
     dtype: Any = jnp.float32,
     **kwargs: Any,
 ) -> ResNet:
-    """Builds a ResNet by name ("resnet50", ...); extra keyword arguments go to `ResNet`.
-
-    `lowering` ("auto" by default: by JAX's default backend) is resolved here to "cpu" or "xla".
-    """
+    """Builds a ResNet by name ("resnet50", ...); kwargs go to `ResNet`, `lowering` resolved to cpu/xla."""
     if name not in ARCHITECTURES:
         raise ValueError(f"Unknown model {name!r}; choose one of {', '.join(ARCHITECTURES)}.")
     stage_sizes, block_cls = ARCHITECTURES[name]
@@ -234,12 +222,9 @@ def model_from_config(config: ml_collections.ConfigDict, plan: TrainingPlan | Ba
     """Builds the model a config's `model` section describes.
 
     Args:
-      config: the run's config.
-      plan: the run's plan, which holds the resolved batch-norm groups of training
-        (`config.model.bn_group_size`); without one, batch norm spans the whole batch given, which is
-        all that inference needs (it uses the running averages).
-      platform: the platform of the devices it will run on ("cpu", "tpu", "gpu"), for
-        `config.model.lowering = "auto"` (default: JAX's default backend).
+      plan: holds training's resolved BN groups (`config.model.bn_group_size`); without one, BN spans the
+        whole batch given, all inference needs (it uses the running averages).
+      platform: "cpu", "tpu" or "gpu", for `lowering="auto"` (default: JAX's default backend).
     """
     m = config.model
     return create_model(

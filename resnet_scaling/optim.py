@@ -1,25 +1,20 @@
 """Optimizers, learning-rate schedules, weight-decay masks and loss scaling, on optax and flax.
 
-LARS is written here as an optax `GradientTransformation`, as its references define it (optax's own
-`optax.lars` computes its trust ratio differently and stays available as "optax_lars"):
+LARS is an optax `GradientTransformation` here, as its references define it (`optax.lars` computes its
+trust ratio differently; it stays available as "optax_lars"):
 
-- "reference": TensorFlow's `tf.contrib.opt.LARSOptimizer` from 1.13 on (r1.15:
-  tensorflow/contrib/opt/python/training/lars_optimizer.py), tensorflow/tpu's
-  models/official/efficientnet/lars_optimizer.py, MLPerf's reference
-  (mlcommons/training image_classification/tensorflow2/lars_optimizer.py) and `flax.optim.LARS`: the
-  trust ratio `eta * |w| / (|g| + wd * |w| + eps)` on the raw gradient, then `g + wd * w`, scaled by the
-  layer's learning rate inside the momentum accumulator.
-- "tf1.12": the `LARSOptimizer` TensorFlow 1.12.0 shipped (the release tensorflow/tpu's r1.12 branch ran
-  on): weight decay comes from the loss (`wd * l2_loss` of every non-batch-norm variable, in
-  tensorflow/tpu r1.12 resnet_main.py), so the trust ratio sees `g + wd * w`; the optimizer adds no decay of
-  its own and TensorFlow's `apply_momentum` multiplies the whole accumulator by the layer's learning rate.
+- "reference": `tf.contrib.opt.LARSOptimizer` from TF 1.13 (r1.15: tensorflow/contrib/opt/python/training/
+  lars_optimizer.py), tensorflow/tpu's models/official/efficientnet/lars_optimizer.py, MLPerf's reference
+  (mlcommons/training image_classification/tensorflow2/lars_optimizer.py), `flax.optim.LARS`: trust ratio
+  `eta * |w| / (|g| + wd * |w| + eps)` on the raw gradient, then `g + wd * w`, times the layer's LR inside
+  the momentum accumulator.
+- "tf1.12": TensorFlow 1.12.0's `LARSOptimizer` (tensorflow/tpu's r1.12 ran on it): weight decay is in the
+  loss (`wd * l2_loss` of every non-batch-norm variable, r1.12 resnet_main.py), so the trust ratio sees
+  `g + wd * w`; no decay in the optimizer; `apply_momentum` scales the whole accumulator by the layer's LR.
 
-Both skip batch-norm parameters and biases (the references' `skip_list=['batch_normalization', 'bias']`),
-recognised here by leaf kind: trust ratios apply to convolution and dense kernels only.
-
-The learning-rate schedules count steps as the tensorflow/tpu reference does: the epoch is the fractional
-`step * batch / examples`; warm-up rises linearly with it from 0 until the (fractional) warm-up length;
-the decay then counts from the whole step `warmup_epochs * examples // batch`.
+Both skip BN parameters and biases (`skip_list=['batch_normalization', 'bias']`): trust ratios on kernels.
+Schedules count as tensorflow/tpu: epoch = fractional `step * batch / examples`; warm-up rises linearly
+from 0 to the (fractional) warm-up length; decay counts from whole step `warmup_epochs * examples // batch`.
 """
 
 from __future__ import annotations
@@ -35,8 +30,7 @@ from flax.training import dynamic_scale as dynamic_scale_lib
 
 from resnet_scaling.plan import TrainingPlan
 
-# The values `config.optimizer.name`, `.lars_variant`, `.weight_decay_on` and `config.schedule.name`
-# accept (config.validate reads them).
+# Accepted values of `optimizer.name`, `.lars_variant`, `.weight_decay_on`, `schedule.name` (config.validate).
 OPTIMIZERS = ("sgd", "lars", "optax_lars")
 LARS_VARIANTS = ("reference", "tf1.12")
 WEIGHT_DECAY_LEAVES = ("kernels", "non_batchnorm")
@@ -49,8 +43,8 @@ def kernel_mask(params: Any) -> Any:
 
 
 def non_batchnorm_mask(params: Any) -> Any:
-    """True for every leaf but batch-norm parameters: kernels and biases (the leaves tensorflow/tpu's
-    ResNet puts into its L2 loss). A batch-norm layer is one whose parameters hold a "scale"."""
+    """True for every leaf but batch-norm parameters (layers holding a "scale"): kernels and biases, the
+    leaves tensorflow/tpu's ResNet puts into its L2 loss."""
     flat = traverse_util.flatten_dict(params)
     batchnorm_layers = {path[:-1] for path in flat if path[-1] == "scale"}
     return traverse_util.unflatten_dict({path: path[:-1] not in batchnorm_layers for path in flat})
@@ -86,16 +80,14 @@ def lars(
       learning_rate: a float or an optax schedule of the step.
       weight_decay: L2 coefficient; also the `wd * |w|` term of the trust ratio's denominator.
       trust_coefficient: eta.
-      momentum: the accumulator's decay.
       epsilon: added to the trust ratio's denominator.
-      nesterov: Nesterov momentum.
       variant: "reference" or "tf1.12" (module docstring).
       trust_ratio_mask: pytree or function of the params: True where a trust ratio applies.
       weight_decay_mask: where weight decay applies; default: the trust-ratio leaves for "reference" (its
         decay sits inside the trust-ratio branch), every non-batch-norm leaf for "tf1.12" (its L2 loss).
 
     Returns:
-      The transformation; its updates are to be added to the params (optax.apply_updates).
+      The transformation; add its updates to the params (optax.apply_updates).
     """
     if variant not in LARS_VARIANTS:
         raise ValueError(f"lars: unknown variant {variant!r}; one of {LARS_VARIANTS}.")
@@ -156,16 +148,12 @@ def create_learning_rate_schedule(
 ) -> optax.Schedule:
     """Linear warm-up from 0 to `plan.peak_learning_rate`, then the decay `config.schedule.name` names.
 
-    Steps are counted as tensorflow/tpu does (module docstring): warm-up while `step <
-    plan.warmup_exact_steps`, the decay from the whole step `plan.warmup_steps`.
-
-    - "cosine": cosine decay to `end_learning_rate` over `total_steps - warmup_steps`.
-    - "polynomial": (1 - t)^power decay to `end_learning_rate` over `polynomial_decay_steps` (lars_util's
-      `polynomial_decay`, power 2).
-    - "piecewise": multiply by `decay_factor` from each of `boundary_epochs` on (resnet_main.py's
-      `learning_rate_schedule`: the fractional epoch at or past the boundary); a boundary inside the
-      warm-up applies once the warm-up ends, and boundaries on the same epoch compound.
-    - "constant": stay at the peak.
+    Warm-up while `step < plan.warmup_exact_steps`; decay from the whole step `plan.warmup_steps`.
+    - "cosine": to `end_learning_rate` over `total_steps - warmup_steps`.
+    - "polynomial": (1 - t)^power to `end_learning_rate` over `polynomial_decay_steps` (lars_util's, power 2).
+    - "piecewise": x `decay_factor` from each of `boundary_epochs` on (resnet_main.py's: fractional epoch >=
+      boundary); a boundary inside warm-up applies once it ends; boundaries on one epoch compound.
+    - "constant": the peak.
     """
     s = config.schedule
     peak = plan.peak_learning_rate
@@ -180,8 +168,7 @@ def create_learning_rate_schedule(
     elif s.name == "polynomial":
         span = polynomial_decay_steps(plan)
         def decay(step):
-            # (span - t) / span rather than optax's 1 - t / span: exact in float32 near the end, where the
-            # learning rate is a small difference.
+            # (span - t) / span, not optax's 1 - t / span: exact in float32 near the end (a small difference).
             remaining = jnp.asarray(span - jnp.clip(step - origin, 0, span), jnp.float32) / span
             return s.end_learning_rate + (peak - s.end_learning_rate) * remaining ** s.polynomial_power
     elif s.name == "piecewise":
@@ -209,9 +196,8 @@ def create_optimizer(
 ) -> optax.GradientTransformation:
     """SGD with (Nesterov) momentum and L2 weight decay, or LARS, per `config.optimizer`.
 
-    Weight decay applies to the leaves `optimizer.weight_decay_on` names: "kernels" (the leaves LARS gives a
-    trust ratio; its references decay exactly those) or "non_batchnorm" (kernels and biases: tensorflow/
-    tpu's L2 loss, and Goyal et al.'s decay of everything but batch norm).
+    Decay applies to `weight_decay_on`: "kernels" (LARS's trust-ratio leaves, which its references decay) or
+    "non_batchnorm" (kernels and biases: tensorflow/tpu's L2 loss, Goyal et al.'s decay of all but BN).
     """
     o = config.optimizer
     if o.name == "sgd":

@@ -1,16 +1,15 @@
 """The training plan: every value derived from a config, the mesh and the dataset's size, computed once.
 
-Consumers (data sources, the model factory, the optimizer, the trainer, ahead-of-time compilation) read
-the plan, never the config's raw batch sizes, durations or sentinels. Two steps, because the data source
-needs the batch sizes before it can say how large its splits are:
+Consumers read the plan, never the config's raw batch sizes, durations or sentinels. Two steps, because the
+data source needs the batch sizes before it can say how large its splits are:
 
     batch = plan.batch_plan_for_mesh(config, mesh)
     source = data.create_data_source(config, mesh, batch=batch)
     training_plan = plan.derive(config, source.num_train_examples, batch=batch,
                                 num_eval_examples=source.num_eval_examples)
 
-Durations (the run's length, warm-ups, evaluation and checkpoint intervals) can each be given in steps,
-examples or epochs; `duration_steps` is the one converter (as big_vision's `u.steps`).
+Durations (length, warm-ups, intervals) are given in steps, examples or epochs; `duration_steps` converts
+them all (as big_vision's `u.steps`).
 """
 
 from __future__ import annotations
@@ -36,16 +35,13 @@ Rounding = Literal["up", "down", "nearest", "interval"]
 class Duration:
     """Where one duration of a run is set (its steps, examples and epochs fields) and how it rounds.
 
-    The first field that is set (not None) wins, in that order: a `--config.training.num_train_steps`
-    given on the command line overrides the config file's `num_epochs`. Rounding of examples and epochs
-    to steps:
-      "up": the run's length; a run sees at least what was asked for (the case study's 91 epochs are
-        113,854 steps at batch 1024).
-      "down": the learning-rate warm-up, as tensorflow/tpu's `warmup_epochs * examples // batch` (5 epochs
-        are 6,255 steps at batch 1024; the schedule also keeps the fractional length).
-      "nearest": points within a run (its 1-epoch timing warm-up is 1,251 steps at batch 1024, 39 at 32768).
-      "interval": every-N intervals; anything positive is at least 1 step, 0 or less is 0 ("only at the
-        end"), in steps too.
+    The first field set (not None) wins, in that order: `--config.training.num_train_steps` on the command
+    line overrides the file's `num_epochs`. Rounding of examples and epochs to steps:
+      "up": the run's length, at least what was asked (the case study's 91 epochs: 113,854 steps at 1024).
+      "down": the warm-up, as tensorflow/tpu's `warmup_epochs * examples // batch` (5 epochs: 6,255 steps at
+        1024; the schedule also keeps the fractional length).
+      "nearest": points within a run (the 1-epoch timing warm-up: 1,251 steps at 1024, 39 at 32768).
+      "interval": every-N; positive is at least 1 step, 0 or less (in steps too) is 0 ("only at the end").
     """
 
     section: str
@@ -79,9 +75,8 @@ def set_duration_field(config: ml_collections.ConfigDict, duration: Duration) ->
 
 def fractional_steps(config: ml_collections.ConfigDict, duration: Duration, num_train_examples: int,
                      global_batch_size: int) -> float | None:
-    """A duration given in steps, examples or epochs as (fractional) steps, before any rounding; None where
-    none of its fields is set. Examples and epochs become `examples / global_batch_size` steps, an epoch
-    being `num_train_examples` examples."""
+    """A duration as (fractional) steps before rounding, an epoch being `num_train_examples` examples; None
+    where none of its fields is set."""
     field = set_duration_field(config, duration)
     if field is None:
         return None
@@ -96,8 +91,7 @@ def fractional_steps(config: ml_collections.ConfigDict, duration: Duration, num_
 
 def duration_steps(config: ml_collections.ConfigDict, duration: Duration, num_train_examples: int,
                    global_batch_size: int) -> int | None:
-    """Converts a duration given in steps, examples or epochs into whole steps (rounded as
-    `duration.rounding` says); None where none of its fields is set (`fractional_steps`)."""
+    """A duration in whole steps, rounded as `duration.rounding` says; None where none of its fields is."""
     steps = fractional_steps(config, duration, num_train_examples, global_batch_size)
     if steps is None:
         return None
@@ -119,7 +113,6 @@ def resolve_bn_group_size(bn_group_size: int, global_batch_size: int, num_device
 
     Args:
       bn_group_size: `config.model.bn_group_size`: -1 the whole batch, 0 each device's images, N images.
-      global_batch_size: images per training step over all devices.
       num_devices: devices in the mesh; required for 0 (per device).
     """
     group_size = int(bn_group_size)
@@ -139,9 +132,7 @@ class BatchPlan:
     device, for training and evaluation, and the resolved batch-norm group.
 
     Attributes:
-      global_batch_size: images per training step over all devices.
-      eval_global_batch_size: images per evaluation step over all devices.
-      num_devices: devices in the mesh's `data` axis.
+      num_devices: devices the batch is split over (the whole mesh).
       num_local_devices: this process's devices in the mesh.
       num_processes: processes the mesh spans.
       bn_group_size: images per batch-norm group in training; None for the whole global batch.
@@ -203,21 +194,14 @@ class TrainingPlan:
 
     Attributes:
       batch: the batch sizes (global, per process, per device; training and evaluation) and BN groups.
-      num_train_examples: examples in one epoch.
-      num_eval_examples: examples in one evaluation pass.
-      steps_per_epoch: steps in one pass over the training examples (rounded up; for display and
-        per-epoch bookkeeping; durations in epochs use `epochs_to_steps`).
-      total_steps: training steps of the whole run.
-      warmup_steps: whole steps of learning-rate warm-up (rounded down, as tensorflow/tpu's
-        `warmup_epochs * examples // batch`): where the decay starts counting.
+      steps_per_epoch: rounded up; for display and bookkeeping (durations in epochs: `duration_steps`).
+      warmup_steps: whole warm-up steps (rounded down, as tensorflow/tpu): where the decay starts counting.
       peak_learning_rate: learning rate at the end of warm-up.
       eval_every_steps: steps between evaluations (0: only at the end).
-      eval_steps: evaluation steps in one exact pass over the evaluation examples.
       checkpoint_every_steps: steps between checkpoints (0: only at the end and on preemption).
       log_every_steps: steps between fetches of the training metrics from the device.
       timing_warmup_steps: steps before the timed region (steady-state throughput, time-to-accuracy).
-      warmup_exact_steps: the warm-up's fractional length in steps (`warmup_epochs * examples / batch`):
-        the learning rate rises until this step; None: `warmup_steps`.
+      warmup_exact_steps: the warm-up's fractional length, until which the LR rises; None: `warmup_steps`.
     """
 
     batch: BatchPlan
@@ -255,9 +239,8 @@ class TrainingPlan:
         return self.batch.bn_group_size
 
     def epochs_at(self, step: int) -> float:
-        """Epochs done after `step` steps, by images seen (`step * global_batch / examples`), as MLPerf's
-        `epoch_num` counts them; `step / steps_per_epoch` would undercount (2.3% at 32k: 40 steps per
-        epoch rounded up from 39.1)."""
+        """Epochs done after `step` steps by images seen, as MLPerf's `epoch_num` counts them; `step /
+        steps_per_epoch` would undercount (2.3% at 32k: 40 steps per epoch rounded up from 39.1)."""
         return step * self.global_batch_size / self.num_train_examples
 
     def epochs_to_steps(self, epochs: float) -> int:
@@ -273,7 +256,7 @@ def derive(config: ml_collections.ConfigDict, num_train_examples: int, num_devic
     Args:
       config: a validated config.
       num_train_examples: size of the training split (defines an epoch).
-      num_devices: devices in the data mesh axis, for a single-process plan; or pass `batch`.
+      num_devices: devices the batch is split over, for a single-process plan; or pass `batch`.
       batch: the run's `BatchPlan` (from `batch_plan`, as the data source got it).
       num_eval_examples: size of the evaluation split (default: `config.data.num_eval_examples`).
 

@@ -1,10 +1,9 @@
 """The published training recipes the system configs follow, each set in one place, with its source.
 
-A config under `configs/` sets its hardware and global batch, then calls one of these; the recipe picks
-optimizer, learning rate, schedule and regularisation for that batch. docs/case_study.md cites each
-source (repository, file, commit). The case study ran tensorflow/tpu's branch r1.12
-(`use_case_study_recipe`); tensorflow/tpu's later LARS table and the MLPerf v0.7 JAX submission's recipe
-are here to compare against.
+A config under `configs/` sets hardware and global batch, then calls one of these to pick optimizer,
+learning rate, schedule and regularisation; docs/case_study.md cites each source (repository, file,
+commit). The case study ran tensorflow/tpu's r1.12 (`use_case_study_recipe`); tensorflow/tpu's later LARS
+table and the MLPerf v0.7 JAX submission's recipe are here to compare against.
 """
 
 from __future__ import annotations
@@ -18,8 +17,7 @@ LARS_MIN_GLOBAL_BATCH = 16_384
 
 
 def lars_learning_rate_r1_12(global_batch_size: int) -> tuple[float, float]:
-    """(base learning rate, warm-up epochs) of tensorflow/tpu r1.12's lars_util.poly_rate_schedule: 25 over
-    5 epochs up to 16,384 images per step, 34 over 12 at exactly 32,768, 41 over 16 at any other batch."""
+    """(base learning rate, warm-up epochs) of tensorflow/tpu r1.12's lars_util.poly_rate_schedule."""
     if global_batch_size <= 16_384:
         return 25.0, 5.0
     if global_batch_size == 32_768:
@@ -28,9 +26,7 @@ def lars_learning_rate_r1_12(global_batch_size: int) -> tuple[float, float]:
 
 
 def lars_learning_rate(global_batch_size: int) -> tuple[float, float]:
-    """(base learning rate, warm-up epochs) of tensorflow/tpu's later lars_util table (master since 2019):
-    below 16,384 images per step 10 over 5 epochs, below 32,768 25 over 5, below 65,536 32 over 14,
-    else 35.6 over 40."""
+    """(base learning rate, warm-up epochs) of tensorflow/tpu's later lars_util table (master since 2019)."""
     for below, learning_rate, warmup_epochs in ((16_384, 10.0, 5.0), (32_768, 25.0, 5.0),
                                                 (65_536, 32.0, 14.0)):
         if global_batch_size < below:
@@ -39,9 +35,8 @@ def lars_learning_rate(global_batch_size: int) -> tuple[float, float]:
 
 
 def mlperf_v07_jax_hyperparameters(global_batch_size: int) -> dict[str, float]:
-    """The MLPerf v0.7 Google JAX ResNet-50 submission's choices for a global batch (its train.py:
-    polynomial_learning_rate_fn and main): base learning rate, warm-up epochs, momentum, weight decay and
-    epochs."""
+    """The MLPerf v0.7 Google JAX ResNet-50 submission's hyperparameters for a global batch (its train.py:
+    polynomial_learning_rate_fn and main)."""
     # (global batch below, base learning rate, warm-up epochs, momentum, epochs), searched in order.
     table = ((16_384, 10.0, 5.0, 0.9, 56.0), (32_768, 25.0, 5.0, 0.9, 56.0),
              (65_536, 29.0, 18.0, 0.929, 64.0), (None, 23.080977304670448, 33.0, 0.9537213777059405, 92.0))
@@ -52,11 +47,8 @@ def mlperf_v07_jax_hyperparameters(global_batch_size: int) -> dict[str, float]:
 
 
 def use_momentum_linear_scaling(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """tensorflow/tpu r1.12 resnet_main.py below 16k images per step (Goyal et al. 2017's schedule):
-    Nesterov momentum 0.9, LR 0.1 x batch / 256 with a 5-epoch linear warm-up from 0, x0.1 at epochs 30,
-    60 and 80, weight decay 1e-4 as an L2 loss on every non-batch-norm variable (the classifier bias too),
-    no label smoothing. (Goyal et al. warm up from 0.1 and use plain momentum.)
-    """
+    """tensorflow/tpu r1.12 resnet_main.py below 16k images per step (Goyal et al. 2017's schedule; they
+    warm up from 0.1, not 0, with plain momentum): L2 loss on every non-BN variable (classifier bias too)."""
     config.optimizer.name = "sgd"
     config.optimizer.momentum = 0.9
     config.optimizer.nesterov = True
@@ -76,8 +68,7 @@ def use_momentum_linear_scaling(config: ml_collections.ConfigDict) -> ml_collect
 def _use_lars_polynomial(config: ml_collections.ConfigDict, learning_rate: float, warmup_epochs: float,
                          variant: str, weight_decay_on: str, momentum: float = 0.9,
                          weight_decay: float = 1e-4) -> ml_collections.ConfigDict:
-    """LARS with a linear warm-up and power-2 polynomial decay to 1e-4, label smoothing 0.1: what every
-    LARS recipe here shares."""
+    """What every LARS recipe here shares: linear warm-up, polynomial decay, label smoothing."""
     config.optimizer.name = "lars"
     config.optimizer.lars_variant = variant
     config.optimizer.momentum = momentum
@@ -98,8 +89,7 @@ def _use_lars_polynomial(config: ml_collections.ConfigDict, learning_rate: float
 
 def use_case_study_lars(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """tensorflow/tpu r1.12's LARS for `training.global_batch_size` (set it first): its lars_util table,
-    TensorFlow 1.12.0's LARSOptimizer (`lars_variant="tf1.12"`) with weight decay 1e-4 as the L2 loss on
-    every non-batch-norm variable, momentum 0.9, polynomial decay (power 2) to 1e-4, label smoothing 0.1.
+    TensorFlow 1.12.0's LARSOptimizer (`lars_variant="tf1.12"`), weight decay an L2 loss on non-BN variables.
     """
     learning_rate, warmup_epochs = lars_learning_rate_r1_12(config.training.global_batch_size)
     return _use_lars_polynomial(config, learning_rate, warmup_epochs, "tf1.12", "non_batchnorm")
@@ -114,9 +104,8 @@ def use_tensorflow_tpu_lars(config: ml_collections.ConfigDict) -> ml_collections
 
 def use_mlperf_v07_jax_lars(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """The MLPerf v0.7 Google JAX submission's LARS (flax.optim.LARS on kernels, plain momentum elsewhere)
-    with its table, momentum, weight decay and epochs for the global batch; evaluation every 4 epochs.
-    Its schedule counted the decay from the fractional end of warm-up; the library counts from the whole
-    step before it (tensorflow/tpu's), which moves the decay by under one step."""
+    for the global batch. Its decay counted from warm-up's fractional end; ours from the whole step before
+    it (tensorflow/tpu's), which moves the decay by under one step."""
     h = mlperf_v07_jax_hyperparameters(config.training.global_batch_size)
     _use_lars_polynomial(config, h["base_learning_rate"], h["warmup_epochs"], "reference", "kernels",
                          momentum=h["momentum"], weight_decay=h["weight_decay"])
@@ -126,9 +115,8 @@ def use_mlperf_v07_jax_lars(config: ml_collections.ConfigDict) -> ml_collections
 
 
 def use_case_study_recipe(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """What the case study ran for the config's global batch (tensorflow/tpu r1.12): LARS + label smoothing
-    at >= 16k images per step (`use_case_study_lars`), Nesterov momentum with linear scaling below
-    (`use_momentum_linear_scaling`); 91 epochs; evaluation every 4 epochs (as MLPerf)."""
+    """What the case study ran for the global batch (tensorflow/tpu r1.12): `use_case_study_lars` at >= 16k
+    images per step, `use_momentum_linear_scaling` below; 91 epochs; evaluation every 4 epochs (as MLPerf)."""
     if config.training.global_batch_size >= LARS_MIN_GLOBAL_BATCH:
         use_case_study_lars(config)
     else:

@@ -63,10 +63,7 @@ def normalize_images(images: jax.Array, mean_rgb: Sequence[float], stddev_rgb: S
 
 def cross_entropy_loss(logits: jax.Array, labels: jax.Array, num_classes: int,
                        label_smoothing: float = 0.0) -> jax.Array:
-    """Per-example softmax cross-entropy (float32) against one-hot labels smoothed by `label_smoothing`.
-
-    Smoothing mixes in the uniform distribution: target = (1 - s) * one_hot + s / num_classes.
-    """
+    """Per-example float32 softmax cross-entropy; smoothed targets (1 - s) * one_hot + s / num_classes."""
     targets = jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)
     if label_smoothing > 0:
         targets = optax.smooth_labels(targets, label_smoothing)
@@ -76,9 +73,8 @@ def cross_entropy_loss(logits: jax.Array, labels: jax.Array, num_classes: int,
 def topk_correct(logits: jax.Array, labels: jax.Array, k: int) -> jax.Array:
     """Per-example 1.0 where the label is among the k highest logits, else 0.0.
 
-    Ranked as `jnp.argmax` and `lax.top_k` rank: of equal logits the lower class index comes first, so a
-    constant model is right only where the label is class 0 (top-1 equals `argmax(logits) == label`). A row
-    with a non-finite logit (NaN or infinite) counts as a miss: a diverged model scores 0, not 100%.
+    Ties rank as in `lax.top_k`, lower class first, so top-1 is `argmax(logits) == label` and a constant
+    model is right only on class 0. A NaN or infinite logit is a miss: a diverged model scores 0, not 100%.
     """
     num_classes = logits.shape[-1]
     label_logit = jnp.take_along_axis(logits, labels[:, None], axis=-1)
@@ -89,8 +85,7 @@ def topk_correct(logits: jax.Array, labels: jax.Array, k: int) -> jax.Array:
 
 
 def check_batch(batch: Batch, function: str) -> None:
-    """Raises a `KeyError` naming what a step's batch holds: "images" (uint8 [N, H, W, 3], raw pixels)
-    and "labels" (int [N]); an evaluation batch may add "mask" (1 for real examples, 0 for padding)."""
+    """Raises a `KeyError` naming what a step's batch needs if "images" or "labels" is missing."""
     missing = [key for key in ("images", "labels") if key not in batch]
     if missing:
         raise KeyError(f"{function}: the batch needs 'images' (uint8 [N, H, W, 3]) and 'labels' (int [N]); "
@@ -101,10 +96,8 @@ def train_step(state: TrainState, batch: Batch, *, learning_rate_fn: optax.Sched
                step_config: StepConfig) -> tuple[TrainState, Metrics]:
     """One optimizer step on a (global) batch; returns the new state and scalar metrics.
 
-    Batch-norm statistics are over the whole batch given: under `jit` with a sharded batch, that is the
-    global batch. With a dynamic loss scale (float16), a step whose gradients overflow is skipped.
-    `learning_rate_fn` only reports the learning rate as a metric (the optimizer in the state applies its
-    own): None leaves "learning_rate" out.
+    BN statistics span the whole batch given (under `jit`, the global batch). With a float16 loss scale, a
+    step whose gradients overflow is skipped. `learning_rate_fn` only reports "learning_rate" (None: omitted).
     """
     check_batch(batch, "train_step")
     images = normalize_images(batch["images"], step_config.mean_rgb, step_config.stddev_rgb)
@@ -149,10 +142,7 @@ def train_step(state: TrainState, batch: Batch, *, learning_rate_fn: optax.Sched
 
 
 def eval_step(state: TrainState, batch: Batch, *, step_config: StepConfig) -> Metrics:
-    """Sums over the real (unmasked) examples of a batch: loss, top-1 and top-5 hits, and the count.
-
-    Sums rather than means, so that padded batches of any size combine into exact totals.
-    """
+    """Sums (not means: padded batches combine exactly) over unmasked examples: loss, top-1/5 hits, count."""
     check_batch(batch, "eval_step")
     images = normalize_images(batch["images"], step_config.mean_rgb, step_config.stddev_rgb)
     labels = batch["labels"]
@@ -169,10 +159,10 @@ def eval_step(state: TrainState, batch: Batch, *, step_config: StepConfig) -> Me
     }
 
 
-# The initialiser runs once, yet XLA:CPU optimises it as hard as the step: one inlined threefry + inverse-erf
-# body per parameter, ~70 ms of compile each. Unoptimised, ResNet-50's compiles in 3.7 s instead of 6.4 s
-# and runs in 0.85 s instead of 0.2 s; the demo's ResNet-18 compiles in 1.3 s instead of 3.9 s; values
-# differ by at most 1.3e-7 relative (`python benchmarks/init_compile.py --repeats=3`, 2026-12-01).
+# The initialiser runs once, yet XLA:CPU optimises it like the step: an inlined threefry + inverse-erf per
+# parameter, ~70 ms of compile each. Unoptimised, ResNet-50 compiles in 3.7 s, not 6.4, and runs in 0.85 s,
+# not 0.2; the demo's ResNet-18 compiles in 1.3 s, not 3.9; values differ by at most 1.3e-7 relative
+# (`python benchmarks/init_compile.py --repeats=3`, 2026-12-01).
 RUN_ONCE_CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
@@ -189,9 +179,8 @@ def train_state_init_fn(
                                train=False)
         state = TrainState.create(apply_fn=model.apply, params=variables["params"], tx=tx,
                                   batch_stats=variables["batch_stats"], dynamic_scale=dynamic_scale)
-        # Strongly typed leaves (the step counter and loss-scale fields start as Python numbers, so weakly
-        # typed): a state restored from a checkpoint is strongly typed, and the step compiled for a fresh
-        # state must be the very program a resumed run compiles, or the compilation cache misses.
+        # Strongly typed leaves (step and loss scale start as weakly typed Python numbers), as a restored
+        # state's: a fresh state's step must be the resumed run's program, or the compilation cache misses.
         return jax.tree.map(lambda x: jax.lax.convert_element_type(x, jnp.asarray(x).dtype), state)
 
     return init
@@ -225,8 +214,7 @@ def abstract_train_state(
     shapes = jax.eval_shape(train_state_init_fn(model, tx, image_size, dynamic_scale), rng)
 
     def abstract(x, sharding):
-        # weak_type too: the real state's step counter is a weakly typed int32; without it the lowered
-        # program would differ from the trainer's.
+        # weak_type too, as the real state's leaves have it, or the program differs.
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=x.weak_type)
 
     return jax.tree.map(abstract, shapes, state_sharding(shapes, mesh))

@@ -1,12 +1,10 @@
-"""Load torchvision ResNet weights into `models.ResNet`.
+"""Load torchvision ResNet weights into `models.ResNet` (both v1.5, symmetric padding: the same function).
 
-torchvision's ResNet (v1.5, symmetric padding) and ours compute the same function, so a torchvision
-state dict, saved as NumPy arrays, can be converted into Flax variables:
+A state dict saved as NumPy arrays converts into Flax variables:
 
     sd = {k: v.numpy() for k, v in torchvision.models.resnet50(weights=...).state_dict().items()}
     np.savez("resnet50.npz", **sd)
     variables = load_torchvision_file("resnet50.npz", create_model("resnet50"))
-    logits = model.apply(variables, images_nhwc, train=False)
 """
 
 from __future__ import annotations
@@ -93,20 +91,16 @@ def from_torchvision(state_dict: Mapping[str, Any], model: ResNet, skip_classifi
     """Converts a torchvision-layout ResNet state dict into Flax variables for `model`.
 
     Args:
-      state_dict: torchvision keys (`conv1.weight`, `layer1.0.bn1.running_mean`, `fc.bias`, ...)
-        mapped to NumPy arrays, array-likes or torch tensors. `num_batches_tracked` is ignored.
-      model: the `models.ResNet` the weights are for; its architecture, `num_filters` and
-        `num_classes` must match the checkpoint exactly.
-      skip_classifier: leave out the classifier (`fc.*` in the state dict), for fine-tuning with
-        another number of classes; the returned params then have no `classifier`.
+      state_dict: torchvision keys (`conv1.weight`, `layer1.0.bn1.running_mean`, ...) to NumPy arrays,
+        array-likes or torch tensors; `num_batches_tracked` is ignored.
+      model: its architecture, `num_filters` and `num_classes` must match the checkpoint exactly.
+      skip_classifier: leave out `fc.*` (fine-tuning to other classes); the params then lack `classifier`.
 
     Returns:
-      `{'params': ..., 'batch_stats': ...}` as nested dicts of float32 NumPy arrays, ready for
-      `model.apply(variables, images, train=False)`.
+      `{'params': ..., 'batch_stats': ...}`, nested dicts of float32 NumPy arrays, for `model.apply`.
 
     Raises:
-      ValueError: if a variable of `model` is missing from `state_dict` or has the wrong shape, or
-        if `state_dict` has keys `model` does not use; the message names every such key.
+      ValueError: naming every key of `model` missing or misshapen in `state_dict`, and every unused key.
     """
     expected = jax.eval_shape(
         lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 32, 32, 3)), train=False))

@@ -1,16 +1,10 @@
 """Ahead-of-time compilation of the real training step for a TPU topology this machine does not have.
 
-The library behind `python -m resnet_scaling.compile --config=configs/pod.py` (see compile.py).
-libtpu (the `tpu` extra) compiles for any TPU topology on a CPU-only machine:
-`jax.experimental.topologies.get_topology_desc` describes its devices, `training_setup.setup(...,
-abstract=True)` builds the trainer's mesh, plan, state and batch over them as shapes (no array is
-allocated), and the trainer's jitted `train_step` is lowered with them and compiled. The report gives
-per-device memory against the chip's HBM, FLOPs from XLA's cost analysis, libtpu's estimate of the step's
-time beside the time its FLOPs take at the chip's peak, and the collectives of the compiled step, so a
-config's fit, speed and communication are known before a pod is rented.
-
-Multislice (`config.system.num_slices` > 1): the topology's devices come from that many slices and the
-report separates in-slice (ICI) from cross-slice (DCN) collectives and their bytes.
+The library behind `python -m resnet_scaling.compile --config=configs/pod.py`. libtpu (the `tpu` extra)
+compiles for any TPU topology on a CPU-only machine, over abstract state and batch (nothing allocated).
+The report gives per-device memory against HBM, XLA's FLOPs, libtpu's step-time estimate beside the FLOPs'
+time at peak, and the collectives (multislice: in-slice/ICI and cross-slice/DCN apart), so a config's fit,
+speed and communication are known before a pod is rented.
 """
 
 from __future__ import annotations
@@ -32,8 +26,7 @@ from resnet_scaling.analysis import hardware, hlo
 class CompileReport:
     """What the compiler says about one training step of a config on a topology.
 
-    Memory, FLOPs and collectives are per device: XLA compiles one SPMD program that every device runs.
-    `collectives_by_slice` splits them into in-slice (ICI) and cross-slice (DCN) ones.
+    Memory, FLOPs and collectives are per device: every device runs one SPMD program.
     """
 
     system: str
@@ -56,12 +49,10 @@ class CompileReport:
     hbm_bytes_per_device: int | None
     flops_per_device: float
     flops_per_step: float
-    # libtpu's estimate of the step's time on the chip (`optimal_seconds`), and the time its FLOPs take at
-    # the device's peak (hardware.py): the estimate over the floor is how far from peak it expects to run.
+    # libtpu's step estimate (`optimal_seconds`) and the FLOPs' time at peak: their ratio, how far from peak.
     estimated_step_sec: float | None
     flop_floor_sec: float | None
-    # The evaluation step, compiled the same way (None where not compiled): its batch, the steps of one
-    # pass over the evaluation examples, and libtpu's estimate of one step's time.
+    # The evaluation step: its batch, steps per pass, libtpu's estimate of a step (None: not compiled).
     eval_global_batch_size: int
     eval_steps_per_pass: int
     estimated_eval_step_sec: float | None
@@ -94,8 +85,7 @@ def topology_devices(topology: str, chips_per_host_bounds: Sequence[int] = (2, 2
 
 def compile_train_step(config: ml_collections.ConfigDict, devices: Sequence[jax.Device]
                        ) -> tuple[Any, training_setup.TrainingSetup, float]:
-    """Lowers and compiles the trainer's jitted train step for `devices` (real or from a topology), with
-    the abstract state and batch of `training_setup.setup(..., abstract=True)`.
+    """Compiles the trainer's jitted train step for `devices` (real or a topology's) on abstract inputs.
 
     Returns:
       (compiled step, the abstract setup, compile seconds).
@@ -115,9 +105,8 @@ def _describe(c: hlo.Collective, slice_of_device: list[int]) -> dict[str, Any]:
 def program_device_slices(hlo_text: str, mesh: jax.sharding.Mesh) -> list[int]:
     """The slice of each device id the compiled program's collectives name.
 
-    A program over every device of the mesh numbers them as `mesh.devices.flat` (`mesh.device_slices`).
-    libtpu compiles a multislice job as one program per slice, numbering a slice's own devices: there every
-    replica group is in-slice and what crosses slices is a DCN transfer (`hlo.Collective.over_dcn`).
+    A program over the whole mesh numbers devices as `mesh.devices.flat`; libtpu's multislice programs (one
+    per slice) number a slice's own, so every replica group is in-slice and DCN transfers cross slices.
     """
     slices = mesh_lib.device_slices(mesh)
     program_devices = hlo.program_num_devices(hlo_text) or len(slices)
@@ -126,9 +115,8 @@ def program_device_slices(hlo_text: str, mesh: jax.sharding.Mesh) -> list[int]:
 
 def build_report(config: ml_collections.ConfigDict, devices: Sequence[jax.Device], topology: str = "",
                  eval_step: bool = True) -> CompileReport:
-    """Compiles the train step of `config` for `devices` and gathers memory, FLOPs and collectives; with
-    `eval_step`, also compiles the evaluation step for libtpu's estimate of its time (the planner's
-    evaluation cost)."""
+    """Compiles `config`'s train step for `devices`: memory, FLOPs, collectives; with `eval_step`, also
+    the evaluation step, for libtpu's estimate of its time (the planner's evaluation cost)."""
     compiled, run, compile_sec = compile_train_step(config, devices)
     eval_sec = metrics.estimated_seconds(run.compile_eval_step()[0]) if eval_step else None
     plan = run.plan

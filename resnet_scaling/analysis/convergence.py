@@ -1,14 +1,12 @@
 """Epochs to MLPerf's ResNet-50 target (75.90% top-1) at a global batch size: MLPerf's reference
 convergence points (RCPs), as the `mlperf-logging` package ships them for its compliance checker.
 
-Convergence is not free with batch size: the reference runs (LARS, MLPerf training rules 4.0.0) need
-35 epochs at 1,632 and 3,264 images, 56 at 32,768 (the case study's batch) and 86 at 67,840. Each RCP is
-a set of runs at one batch; its epochs are MLPerf's "RCP mean", the mean without the fastest and the
-slowest run. Between two RCPs the mean is interpolated linearly in the batch size, as MLPerf's checker
-interpolates (`rcp_checker.RCP_Checker._create_interp_rcp`). Below the smallest RCP's batch the smallest
-RCP stands (MLPerf accepts a small-batch run that converges no faster); above the largest there is no
-reference, and no figure. The RCPs are the measured ones (the checker's "full" set), not its pruned set,
-which drops points that converge slower than their neighbours' interpolation.
+The reference runs (LARS, rules 4.0.0) need 35 epochs at 1,632 and 3,264 images, 56 at 32,768 (the case
+study's batch), 86 at 67,840. An RCP (runs at one batch) gives the "RCP mean": without the fastest and
+slowest run. Between RCPs it is interpolated linearly in batch, as the checker does
+(`rcp_checker.RCP_Checker._create_interp_rcp`); below the smallest RCP's batch that RCP stands (MLPerf
+accepts a small-batch run that converges no faster); above the largest, no figure. These are the measured
+RCPs (the checker's "full" set), not its pruned set (points slower than their neighbours' interpolation).
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ class EpochsToTarget:
     """Epochs a ResNet-50 run at `global_batch` needs to reach MLPerf's target, and where that comes from.
 
     Attributes:
-      global_batch: images per step.
       epochs: MLPerf's RCP mean at this batch (interpolated between RCPs where none was run at it).
       source: "the RCP at 32768", "interpolated between the RCPs at A and B" or "the smallest RCP, at A".
       runs: the epochs of each reference run, where an RCP was run at exactly this batch.

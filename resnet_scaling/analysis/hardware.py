@@ -1,10 +1,9 @@
 """What the library knows about accelerators: one table of peak FLOP/s and HBM per device kind.
 
-MFU (metrics.utilisation) divides by the peak; ahead-of-time reports (aot.py) compare memory with the HBM.
-Peaks are dense rates in the chip's fastest 16-bit format (bfloat16, or float16 on V100), as MaxText
-reports MFU. TPU v2 and v3 chips have 2 TensorCores that JAX sees as 2 devices, so their peaks are per
-core and `hbm_bytes_per_device` halves the chip's HBM; from v4 on, one JAX device is one chip.
-Sources: the Cloud TPU system-architecture pages and NVIDIA's data sheets.
+For MFU (metrics.utilisation) and AOT reports' memory (aot.py). Peaks: dense, in the chip's fastest 16-bit
+format (bfloat16; float16 on V100), as MaxText reports MFU. TPU v2/v3 chips are 2 JAX devices (TensorCores):
+peaks per core, `hbm_bytes_per_device` halves the HBM; from v4 on, a device is a chip. Sources: Cloud TPU
+system-architecture pages, NVIDIA data sheets.
 """
 
 from __future__ import annotations
@@ -29,8 +28,7 @@ class DeviceSpec:
     devices_per_chip: int = 1  # JAX devices on one chip: the TensorCores of TPU v2 and v3.
 
 
-# Order matters: the first match wins ("v5 lite" before "v5", "h100 pcie" before "h100", 32 GB before
-# 16 GB V100s).
+# The first match wins: "v5 lite" before "v5", "h100 pcie" before "h100", 32 GB before 16 GB V100s.
 DEVICE_SPECS: tuple[DeviceSpec, ...] = (
     DeviceSpec("v100-sxm2-32gb", 125.0, 32 * GIB, "NVIDIA V100 SXM2 datasheet: 125 TFLOP/s fp16 tensor core"),
     DeviceSpec("v100", 125.0, 16 * GIB, "NVIDIA V100 SXM2 datasheet: 125 TFLOP/s fp16 tensor core"),
@@ -62,7 +60,7 @@ def device_spec(device_kind: str) -> DeviceSpec | None:
 def peak_tflops_per_device(device_kind: str, measured: float | None = None) -> float | None:
     """The dense 16-bit peak TFLOP/s of one JAX device of `device_kind`, or `measured` if given.
 
-    CPUs and unknown devices return None (no published peak; pass a measured figure to get an MFU).
+    None for CPUs and unknown kinds (no published peak; pass a measured figure to get an MFU).
     """
     if measured is not None:
         return float(measured)
@@ -85,7 +83,6 @@ def hbm_bytes_per_device(devices: Sequence[Any], device_kind: str = "") -> int |
     """HBM one device of `devices` can use, or None for a device kind not in the table.
 
     Args:
-      devices: the devices of the mesh (TPU devices sharing `coords` are cores of one chip).
       device_kind: overrides the devices' own kind (config.system.device_kind), when set.
     """
     spec = device_spec(device_kind or devices[0].device_kind)
@@ -95,11 +92,8 @@ def hbm_bytes_per_device(devices: Sequence[Any], device_kind: str = "") -> int |
 
 
 def host_cpu_model(cpuinfo: str | os.PathLike[str] = "/proc/cpuinfo") -> str:
-    """The host CPU's model name, as `lscpu` prints it ("AMD EPYC 7B13", "Intel(R) Xeon(R) Processor"):
-    CPU figures depend on it (one 2-core VM can run twice as fast as another), so benchmarks record it.
-
-    Reads Linux's `cpuinfo`; elsewhere, or where it names no model, `platform.processor()` or the machine.
-    """
+    """The host CPU's model name as `lscpu` prints it ("AMD EPYC 7B13"), which benchmarks record (one 2-core
+    VM can run twice as fast as another); from `cpuinfo`, else `platform.processor()` or the machine."""
     try:
         with open(cpuinfo) as f:
             for line in f:

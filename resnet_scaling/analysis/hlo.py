@@ -1,13 +1,10 @@
 """The collectives in a compiled XLA program: what `compiled.as_text()` says moves between devices.
 
-Used by `resnet_scaling.compile` to report a step's communication (for data parallelism: one gradient
-all-reduce of the parameters plus the batch-norm statistics) and by tests that check a sharding choice
-adds no communication.
-
-Multislice: each collective is in-slice (every replica group's devices lie in one slice, so it runs over
-ICI) or cross-slice (DCN). libtpu compiles a multislice job as one program per slice (`num_partitions` =
-a slice's devices) in which the cross-slice part of a collective is a `send` to the "megascale" runtime
-(`_xla_megascale_transfer_type="ALL_REDUCE"`); those are reported as collectives that cross slices.
+For `resnet_scaling.compile`'s report of a step's communication (data parallelism: one all-reduce of the
+gradients plus the BN statistics) and for tests that a sharding choice adds none. Multislice: a collective
+is in-slice (ICI: each replica group in one slice) or cross-slice (DCN). libtpu compiles one program per
+slice (`num_partitions` = a slice's devices) whose cross-slice part is a `send` to the "megascale" runtime
+(`_xla_megascale_transfer_type="ALL_REDUCE"`), reported as a collective that crosses slices.
 """
 
 from __future__ import annotations
@@ -38,14 +35,12 @@ class Collective:
     """One collective instruction of a compiled program.
 
     Attributes:
-      kind: one of COLLECTIVE_KINDS (asynchronous `-start` forms are reported under their base kind).
-      name: the HLO instruction name.
-      operand_shapes: element type and dimensions of each operand, e.g. ("f32", (2048, 1000)).
-      num_elements: elements over all operands (what one device contributes).
-      num_bytes: bytes over all operands.
-      group_size: devices taking part in each replica group (-1 when the text does not say).
-      replica_groups: the device ids (of the program's device assignment) of each group as printed;
-        () where the text lists none (`{}`: one group of every device) or for a DCN transfer.
+      kind: one of COLLECTIVE_KINDS (asynchronous `-start` forms under their base kind).
+      operand_shapes: e.g. (("f32", (2048, 1000)),).
+      num_elements: over all operands (what one device contributes); `num_bytes` likewise.
+      group_size: devices per replica group (-1 when the text does not say).
+      replica_groups: device ids (of the program's assignment) per group; () where none are listed
+        (`{}`: one group of every device) or for a DCN transfer.
       over_dcn: a transfer between slices by libtpu's multislice runtime (its `group_size`: slices).
     """
 
@@ -62,8 +57,8 @@ class Collective:
         """Whether some replica group has devices of two slices (or the op is a DCN transfer).
 
         Args:
-          slice_of_device: the slice of each device id of the program (`mesh.device_slices`; for
-            libtpu's one-program-per-slice form, the same slice for every id).
+          slice_of_device: each device id's slice (`mesh.device_slices`; for libtpu's one program per
+            slice, the same for every id).
         """
         if self.over_dcn:
             return True
@@ -145,11 +140,10 @@ def find_collectives(hlo_text: str, num_devices: int | None = None) -> list[Coll
 
     Args:
       hlo_text: the compiled (optimised, partitioned) HLO module.
-      num_devices: devices of the program, to size `replica_groups={}` (all of them).
+      num_devices: the program's devices, to size `replica_groups={}` (all of them).
 
     Returns:
-      One `Collective` per synchronous op or per asynchronous `-start` (its `-done` is not counted), and
-      one per DCN transfer (`send`; its `recv` is not counted) of a multislice program.
+      One `Collective` per synchronous op, asynchronous `-start` (not `-done`) or DCN `send` (not `recv`).
     """
     shapes_by_name: dict[str, str] = {}
     found: list[tuple[str, str, str, str]] = []
@@ -197,8 +191,7 @@ def summarize(collectives: list[Collective]) -> dict[str, dict[str, int]]:
 
 def summarize_by_slice(collectives: list[Collective], slice_of_device: Sequence[int]
                        ) -> dict[str, dict[str, int]]:
-    """In-slice (ICI) and cross-slice (DCN) collectives: ops, and the elements and bytes they move per
-    device. `slice_of_device` as for `Collective.crosses_slices`."""
+    """In-slice (ICI) and cross-slice (DCN) collectives: ops, and elements and bytes moved per device."""
     summary = {where: {"count": 0, "num_elements": 0, "num_bytes": 0} for where in (IN_SLICE, CROSS_SLICE)}
     for c in collectives:
         entry = summary[CROSS_SLICE if c.crosses_slices(slice_of_device) else IN_SLICE]
@@ -212,8 +205,8 @@ def summarize_by_group(collectives: list[Collective], slice_of_device: Sequence[
                        ) -> list[dict[str, object]]:
     """Per (kind, devices per group, element type): ops, elements and bytes per device, largest first.
 
-    Tells a gradient all-reduce over every device from batch-norm reductions within a few devices. With
-    `slice_of_device` (multislice), rows also say where the ops run ("slices": in-slice or cross-slice).
+    Tells a gradient all-reduce over every device from BN reductions within a few. With `slice_of_device`
+    (multislice), rows also say where the ops run ("slices": in-slice or cross-slice).
     """
     rows: dict[tuple[str, int, str, str], dict[str, object]] = {}
     for c in collectives:

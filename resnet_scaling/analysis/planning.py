@@ -1,33 +1,24 @@
 """Time and cost to MLPerf's ResNet-50 target on a system, predicted from its compiled (or measured) step.
 
-The model, every figure labelled with its basis (`Figure.basis`):
+Every figure is labelled with its basis (`Figure.basis`):
 
-- **step time**: for a TPU system, libtpu's estimate (`optimal_seconds`) of the real training step
-  AOT-compiled for its topology (`aot.py`; "compiled"): compute, memory traffic and the step's collectives
-  as libtpu models them on that chip and interconnect. For a system that ran this library, the steady-state
-  step of its `summary.json` ("measured"). A GPU config without a run is "not predicted": no GPU compiler
-  runs on a machine without the GPU.
-- **compensation**: at most one factor per accelerator family, from the case study's own figures only:
-  for TPUs, the published v2 Pod time over the pod's compiled step (`tpu_factor`); the case study's V100
-  figures have no compiled step to divide by, so GPUs get none (their measured rows need none). Every
-  prediction is reported uncompensated and, where a factor exists, compensated.
-- **epochs to 75.90%** at the system's global batch: MLPerf's reference convergence points
-  (`convergence.py`; "published").
-- **the case study's clock**: 90 epochs of training (its recipe trained 90 timed epochs after one warm-up
-  epoch; evaluation, compilation and set-up off the clock): 90 x training images / batch steps.
-- **MLPerf's clock** (run_start to run_stop): training for the epochs to the target, plus an evaluation
-  of the 50,000 validation images every 4 epochs (`ceil(epochs / 4)` passes at the compiled or measured
-  evaluation step). MLPerf times neither initialisation nor compilation (init_start to init_stop, before
-  run_start), so no set-up time is added.
-- **scaling efficiency**: images/sec per chip over that of the smallest system of the same device kind in
-  the same plan ("derived").
-- **input pipeline**: host CPU cores each host needs to preprocess its share of images/sec, at a
-  per-core rate the user gives (`benchmarks/input_pipeline.py` measures one); a check, not a bound: the
-  step time does not include it.
+- **step time**: libtpu's estimate (`optimal_seconds`: compute, memory traffic, collectives as it models the
+  chip and interconnect) of the real step AOT-compiled for a TPU system's topology (`aot.py`; "compiled"); a
+  run's `summary.json` steady-state step ("measured"); else "not predicted" (no GPU compiler without the GPU).
+- **compensation**: at most one factor per family, from the case study's figures only: for TPUs the published
+  v2 Pod time over the pod's compiled step (`tpu_factor`); none for GPUs (its V100 figures have no compiled
+  step; measured rows need none).
+- **epochs to 75.90%** at the batch: MLPerf's reference convergence points (`convergence.py`; "published").
+- **the case study's clock**: 90 x training images / batch steps (90 timed epochs; warm-up epoch, evaluation,
+  compilation and set-up off the clock).
+- **MLPerf's clock** (run_start to run_stop): training for the epochs to the target plus a pass over the
+  50,000 validation images every 4 epochs (`ceil(epochs / 4)`); no set-up (init_start to init_stop: untimed).
+- **scaling efficiency**: images/sec per chip over the plan's smallest system of that kind ("derived").
+- **input pipeline**: host CPU cores each host needs for its share of images/sec, at a per-core rate the user
+  gives (`benchmarks/input_pipeline.py` measures one); a check, not part of the step time.
 - **cost** = chips x hours x price per chip-hour, on each clock, at a price with its source and date.
 
-Nothing here is fitted to the published results the predictions are checked against
-(`benchmarks/planner_checks.py`): the one TPU factor comes from the case study's pod alone.
+Nothing is fitted to the published results the predictions are checked against (benchmarks/planner_checks.py).
 """
 
 from __future__ import annotations
@@ -119,14 +110,11 @@ class System:
     """What the planner needs of one system, from a compile report, a summary.json or a config alone.
 
     Attributes:
-      name: the system's name (config.system.name).
       device_kind: as JAX names the devices ("TPU v2", "NVIDIA H200").
       num_chips: accelerator chips (a TPU v2 or v3 chip is 2 JAX devices).
       num_hosts: host machines (each preprocesses its share of the input); 0 if unknown.
-      global_batch: images per training step.
-      step_sec: one training step: compiled, measured or not predicted.
-      eval_pass_sec: one evaluation pass over the validation set: compiled, measured or not predicted.
-      num_train_examples: images per epoch.
+      step_sec: one training step (compiled, measured or not predicted).
+      eval_pass_sec: one pass over the validation set (likewise).
     """
 
     name: str
@@ -261,8 +249,8 @@ def predict(system: System, factor: Figure | None = None, price: Price | None = 
     """The prediction for one system; `factor` compensates its step times (the family's, or None).
 
     Args:
-      epochs_override: epochs to the target on MLPerf's clock instead of MLPerf's reference runs' (a
-        published run's own, to check the step-time model apart from the epochs).
+      epochs_override: MLPerf-clock epochs instead of the reference runs' (a published run's own, to check
+        the step-time model apart from the epochs).
 
     Raises:
       ValueError: a global batch above MLPerf's largest reference (no epochs to the target).

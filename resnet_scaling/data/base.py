@@ -1,8 +1,7 @@
 """The interface every data source implements, and what the sources share.
 
-Every source yields global batches: dicts of `jax.Array`s sharded over the mesh's `data` axis, with
-`images` uint8 [B, H, W, 3] and `labels` int32 [B]; evaluation batches add `mask` (False on padding), so
-that every evaluation example counts exactly once on any number of processes and devices.
+Sources yield global batches sharded by `mesh.batch_sharding`: `images` uint8 [B, H, W, 3], `labels` int32
+[B]; evaluation batches add `mask` (False on padding), so each example counts once on any number of devices.
 """
 
 from __future__ import annotations
@@ -28,8 +27,7 @@ Batch = dict[str, jax.Array]
 
 # `tf.image.resize` methods the preprocessing accepts (`config.data.resize_method`).
 RESIZE_METHODS = ("bilinear", "bicubic", "area")
-# MLPerf's training crop: a random window of 5-100% of the image's area (the reference's is 8-100%); an
-# MLPerf-mode run (`config.mlperf.enabled`) trains with it whatever `data.crop_area_range` says.
+# MLPerf's training crop area (the reference's is 8-100%); MLPerf mode overrides `data.crop_area_range`.
 MLPERF_CROP_AREA_RANGE = (0.05, 1.0)
 
 
@@ -70,11 +68,8 @@ def pad_batch(local: dict[str, np.ndarray], batch_size: int) -> dict[str, np.nda
 
 
 def prefetch(batches: Iterator[Batch], size: int) -> Iterator[Batch]:
-    """Keeps `size` batches in flight ahead of the consumer.
-
-    Making a global array starts its host-to-device copy without waiting for it, so pulling batches
-    early overlaps their transfer with the steps still running on the devices.
-    """
+    """Keeps `size` batches in flight ahead of the consumer: making a global array starts its
+    host-to-device copy without waiting, so the transfers overlap the steps still running."""
     if size <= 0:
         yield from batches
         return
@@ -85,7 +80,7 @@ def prefetch(batches: Iterator[Batch], size: int) -> Iterator[Batch]:
 
 
 def shaped_train_batch(batch: BatchPlan, image_size: int, mesh: Mesh) -> dict[str, jax.ShapeDtypeStruct]:
-    """The training batch every source yields, as ShapeDtypeStructs sharded over `data`: what ahead-of-time
+    """The training batch every source yields, as ShapeDtypeStructs with its sharding: what ahead-of-time
     compilation lowers the step with (as MaxText's `get_shaped_batch`)."""
     sharding = mesh_lib.batch_sharding(mesh)
     size = batch.global_batch_size

@@ -3,8 +3,8 @@
     <root>/train/<class name>/<any name>.jpg   (.jpeg, .png, any case)
     <root>/val/<class name>/...                (or validation/)
 
-Class indices are the sorted training class names, as torchvision's ImageFolder numbers them. Pure
-Python and NumPy (no TensorFlow), so that listing a dataset costs no TF start-up.
+Classes are numbered in sorted order, as torchvision's ImageFolder does. No TensorFlow: listing costs no
+TF start-up.
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ def list_class_folders(split_dir: str, class_names: Sequence[str] | None = None)
     """Lists `split_dir/<class>/<image>` in sorted order.
 
     Args:
-      split_dir: the split's folder.
       class_names: the classes to number by (the training split's); None takes this folder's own.
     """
     if not os.path.isdir(split_dir):
@@ -89,8 +88,7 @@ def list_class_folders(split_dir: str, class_names: Sequence[str] | None = None)
 def list_splits(root: str) -> tuple[ImageFiles, ImageFiles]:
     """The training and evaluation splits of the class-folder dataset at `root`.
 
-    Raises DataError for a training class folder without images (as torchvision's ImageFolder does: the
-    class would be in the model but never trained); warns about classes without evaluation images.
+    An imageless training class raises DataError (as in ImageFolder: never trained); an evaluation one warns.
     """
     train = list_class_folders(os.path.join(root, "train"))
     if train.empty_folders:
@@ -126,14 +124,13 @@ def write_class_folders(root: str, splits: dict[str, tuple[np.ndarray, np.ndarra
                         class_names: Sequence[str], quality: int = 95) -> None:
     """Writes uint8 images as JPEG files in the class-folder layout, atomically.
 
-    The files go to a temporary folder beside `root` that is renamed into place when complete, so a
-    crash leaves no half-written dataset and concurrent writers (one per host) do not collide.
+    Staged beside `root` and renamed into place: a crash leaves no half-written dataset, and concurrent
+    writers (one per host) do not collide.
 
     Args:
       root: the dataset folder to create; must not exist yet.
       splits: split name (train, val) -> (images [N, H, W, 3] uint8, labels [N]).
       class_names: folder name per label.
-      quality: JPEG quality.
     """
     from PIL import Image  # Only the writer needs PIL.
 

@@ -1,12 +1,10 @@
 """The tf.data input pipeline: a process's record share -> decoded, augmented uint8 batches -> global arrays.
 
-Training: an endless stream over epochs (batches run across epoch boundaries), starting at the position
-step `start_step` would reach, each image augmented with a seed derived from its position in the stream,
-so a restarted run sees the same images, crops and flips as an uninterrupted one. Evaluation: the share in
-storage order, the last batch padded and masked, and every process running the same number of batches.
-Images that cannot be decoded are skipped and counted; warnings name each bad training file once (not every
-epoch) and the files an evaluation left out. They never stop the run, but a dataset where most of a sample
-spread across each share does not decode is refused at start-up, naming the files.
+Training: an endless stream across epochs from `start_step`'s position, each image augmented with a seed
+from its stream position, so a restarted run sees the same images, crops and flips. Evaluation: storage
+order, the last batch padded and masked, the same batch count on every process. Undecodable images are
+skipped, counted and named (a training file once, not every epoch); only a dataset where most of a sample
+across each share fails is refused, at start-up.
 """
 
 from __future__ import annotations
@@ -83,8 +81,7 @@ def record_shares(config: ml_collections.ConfigDict, process_index: int, process
     elif data.source != "folders":
         raise ValueError(f"config.data.source {data.source!r} is not read through tf.data.")
     train_files, eval_files = image_folders.list_splits(root)
-    # Folders are listed class by class: permute once (the same on every process) before sharing, so
-    # that every process's share holds every class.
+    # Listed class by class: permute once (the same on every process) so every share holds every class.
     permutation = np.random.default_rng(config.seed).permutation(len(train_files.paths))
     start, stop = process_share(len(permutation), process_index, process_count)
     mine = permutation[start:stop]
@@ -101,8 +98,7 @@ def record_shares(config: ml_collections.ConfigDict, process_index: int, process
 
 def preprocess_config(data: ml_collections.ConfigDict, *, mlperf: bool = False
                       ) -> preprocessing.PreprocessConfig:
-    """The preprocessing settings of `config.data`; `mlperf` (an MLPerf-mode run) crops MLPerf's area,
-    `MLPERF_CROP_AREA_RANGE`, instead of `data.crop_area_range`."""
+    """The preprocessing settings of `config.data`; `mlperf` crops `MLPERF_CROP_AREA_RANGE` instead."""
     return preprocessing.PreprocessConfig(
         image_size=data.image_size,
         crop_area_range=MLPERF_CROP_AREA_RANGE if mlperf else tuple(data.crop_area_range),
@@ -137,16 +133,12 @@ class TFDataSource:
                  process_index: int | None = None):
         """
         Args:
-          shares: this process's shares of the training and evaluation splits.
-          preprocess: decoding and augmentation settings.
           batch: the run's batch sizes; this process makes `per_process_batch_size` images per step.
-          mesh: the device mesh batches are sharded over.
           seed: seeds the augmentation (the shares' order has its own seed).
           num_threads: tf.data threads for this pipeline; 0 leaves the choice to tf.data.
           prefetch_batches: host batches decoded ahead.
           device_prefetch: batches placed on the devices ahead of the step that takes them.
-          process_index: this process's place in the job (default: JAX's); tests pass it, with a `batch`
-            plan for several processes, to build one process's local batches of a larger job.
+          process_index: default JAX's; tests pass it, with a multi-process `batch`, to build its batches.
         """
         self.num_train_examples = shares.num_train_examples
         self.num_eval_examples = shares.num_eval_examples
@@ -291,14 +283,11 @@ class TFDataSource:
 
 
 def _delete_iterator(holder: list) -> None:
-    """Deletes the tf.data iterator that `holder` (a one-item list, its only reference) holds, on a daemon
-    thread, so that the caller does not wait for it.
+    """Deletes the tf.data iterator in `holder` (a one-item list, its only reference) on a daemon thread.
 
-    Deleting an iterator cancels its autotuning thread and waits for it to end. That thread can miss the
-    cancellation: TensorFlow's CancellationManager wakes it before marking itself cancelled, and when it
-    checks in between it sleeps out the rest of its period, which doubles up to a minute. Deleted on the
-    caller's thread, the iterator then held up the end of an evaluation or of the run, or the process's exit
-    (~30 s after the demo's headline), for that long.
+    Deletion waits for the autotuning thread, which can miss the cancellation (TF's CancellationManager wakes
+    it before marking itself cancelled) and sleep out its period, doubling up to a minute: on the caller's
+    thread that delayed an evaluation's or the run's end, or the exit (~30 s after the demo's headline).
     """
     try:
         threading.Thread(target=holder.clear, name="tf.data iterator deletion", daemon=True).start()
@@ -310,9 +299,8 @@ def _check_decodable(name: str, share: RecordShare, config: preprocessing.Prepro
                      sample_size: int = 32) -> None:
     """Raises DataError, naming the files, when most of a sample spread across a share cannot be decoded.
 
-    Skipping bad images one by one would hide a dataset where (almost) none decodes, and spin forever
-    where none does. The sample is spread across the share, not its first files: a few bad files that
-    sort first (empty files in one class's folder) must not condemn a dataset whose other files are fine.
+    Skipping alone would hide a dataset where (almost) none decodes, and spin forever where none does.
+    Spread, not the first files: a few bad ones sorting first (one class's empty files) must not condemn all.
     """
     indices = share.sample_indices(sample_size)
     if not indices.size:

@@ -1,21 +1,15 @@
 """Image preprocessing in TensorFlow ops, as the ResNet-50 v1.5 reference does it.
 
-Training: decode only a random crop of the JPEG (`decode_and_crop_jpeg`: libjpeg stops after the window's
-last row and skips the inverse DCT and colour conversion outside it), with the crop's area and aspect ratio
-drawn from ranges, falling back to a centre crop when no window fits; resize to the training size; random
-horizontal flip. Evaluation: a centre crop that is `image_size / eval_resize_size` of the shorter side,
-resized to `image_size` (the same pixels as resizing the shorter side to 256 and cutting the central
-224x224, in one resize instead of two). Output is uint8: the device normalises inside the jitted step.
+Training decodes only a random crop of the JPEG (`decode_and_crop_jpeg`: libjpeg stops after the window's last
+row and skips the inverse DCT and colour conversion outside it). The evaluation centre crop, resized once,
+gives the same pixels as resizing the shorter side to 256 and cutting the central 224x224. Output is uint8:
+the device normalises inside the jitted step.
 
-A window at least 2x (4x, 8x) the output size on both sides is decoded at 1/2 (1/4, 1/8) scale: libjpeg
-then runs a smaller inverse DCT per block, and the resize has less to shrink. The window is the same; the
-pixels differ from a full-scale decode by the downscaling filter (the DCT's, not bilinear's) and by at
-most half a scaled pixel at the window's edges. `decode_at_reduced_scale=False` always decodes at full
-scale.
-
-Randomness is stateless, seeded per image, so an image gets the same crop and flip whichever thread
-decodes it and whether the run was restarted or not. Files that are not JPEGs (a PNG named .JPEG, as
-ImageNet has) take a full decode with the same crop; CMYK and greyscale JPEGs come out as RGB.
+Large JPEG windows decode at 1/2, 1/4 or 1/8 scale (`decode_window`): a smaller inverse DCT per block, less to
+resize. Pixels differ from a full-scale decode by the filter (the DCT's, not bilinear's) and by at most half a
+scaled pixel at the window's edges. Randomness is stateless, seeded per image: the same crop and flip whatever
+the thread, restarted or not. Non-JPEGs (a PNG named .JPEG, as ImageNet has) take a full decode with the same
+crop; CMYK and greyscale JPEGs come out as RGB.
 """
 
 from __future__ import annotations
@@ -42,8 +36,7 @@ class PreprocessConfig:
     random_flip: bool = True
     eval_resize_size: int = 256  # The shorter side before the evaluation centre crop.
     resize_method: str = "bilinear"  # One of RESIZE_METHODS.
-    # JPEG windows at least 2x, 4x or 8x image_size on both sides decode at 1/2, 1/4 or 1/8 scale (faster;
-    # a DCT-domain downscale instead of part of the resize). False: always full scale, as before.
+    # Large JPEG windows decode at 1/2, 1/4 or 1/8 scale (`decode_window`); False: always full scale.
     decode_at_reduced_scale: bool = True
 
     def __post_init__(self):
@@ -56,15 +49,13 @@ def decode_window(image_bytes: tf.Tensor, choose_window: Callable[[tf.Tensor], t
                   config: PreprocessConfig) -> tf.Tensor:
     """uint8 RGB pixels of the window `choose_window` picks from the image's [height, width, channels].
 
-    A JPEG's shape comes from its header and only the window is decoded, at scale 1/r for the largest r in
-    DCT_SCALES that keeps the window's shorter side at least `image_size` (r = 1 when
-    `decode_at_reduced_scale` is off; the result is then about 1/r of the window's size). Other formats are
-    decoded whole and cropped.
+    JPEGs: shape from the header, only the window decoded, at 1/r scale (about 1/r the window's size) for
+    the largest r in DCT_SCALES keeping the scaled window's shorter side >= `image_size` (r = 1 if
+    `decode_at_reduced_scale` is off). Other formats are decoded whole and cropped.
 
     Args:
       image_bytes: a scalar string tensor holding a JPEG (or PNG, GIF, BMP) file.
       choose_window: maps the image's shape to an int32 [offset_y, offset_x, height, width] window.
-      config: the preprocessing settings.
     """
     is_jpeg = tf.io.is_jpeg(image_bytes)
     # One branch op for both the format and the scale: in a tf.data function each branch op costs tens of
@@ -130,8 +121,7 @@ def center_crop_window(shape: tf.Tensor, config: PreprocessConfig) -> tf.Tensor:
 def resize(image: tf.Tensor, config: PreprocessConfig) -> tf.Tensor:
     """Resizes to image_size x image_size and rounds back to uint8."""
     size = [config.image_size, config.image_size]
-    # Same values as resizing the uint8 pixels, but TF's uint8 kernel converts every neighbour it reads:
-    # this cast and the float kernel take ~25% less CPU time.
+    # Cast and float kernel: the uint8 kernel's values, ~25% less CPU (it converts every neighbour it reads).
     resized = tf.image.resize(tf.cast(image, tf.float32), size, method=config.resize_method)
     if config.resize_method == "bicubic":  # Cubic weights overshoot [0, 255]; bilinear and area cannot.
         resized = tf.clip_by_value(resized, 0.0, 255.0)
@@ -144,7 +134,6 @@ def preprocess_for_train(image_bytes: tf.Tensor, seed: tf.Tensor, config: Prepro
     Args:
       image_bytes: a scalar string tensor holding a JPEG (or PNG, GIF, BMP) file.
       seed: int32 [2], the image's own stateless seed.
-      config: the preprocessing settings.
     """
     crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
     image = decode_window(image_bytes, lambda shape: random_crop_window(shape, crop_seed, config), config)

@@ -1,17 +1,13 @@
 """One process's share of a split as a stream of (encoded image, label) records, in a per-epoch order.
 
-Two kinds of storage, one interface (`RecordShare`):
+Two kinds of storage, one interface (`RecordShare`). `FileList` (image files named by path: class folders) has
+random access, so each epoch is an exact permutation seeded by (seed, epoch, process), and a restart skips to
+any position for free. `TFRecordShards` (TFDS's TFRecord shards) has none: an epoch shuffles the pieces,
+interleaves several and permutes records within shuffle-buffer windows (all seeded); a mid-epoch restart reads
+the records before its position (TFRecord files cannot seek) but neither decodes nor trains on them.
 
-- `FileList`: image files named by path (class folders). Random access, so each epoch visits the share
-  in an exact permutation seeded by (seed, epoch, process), and a restart skips to any position for free.
-- `TFRecordShards`: TFDS's TFRecord shards. No random access within a shard, so an epoch shuffles the
-  order of the shard pieces, interleaves several of them and permutes the records within windows the
-  size of a shuffle buffer (all seeded). A restart in the middle of an epoch skips the records before
-  its position without decoding or training on them (it reads them: TFRecord files cannot seek).
-
-Epochs are functions of a tensor so that the pipeline can flat-map an endless range of them. Every record
-also has a storage index (its place in `in_order`), which names it in messages about bad records and
-identifies it across epochs.
+Epochs are functions of a tensor, so the pipeline can flat-map an endless range of them. A record's storage
+index (its place in `in_order`) names it in messages about bad records and identifies it across epochs.
 """
 
 from __future__ import annotations
@@ -73,8 +69,7 @@ class FileList:
     def __init__(self, paths: Sequence[str], labels: Sequence[int], *, seed: int, process_index: int,
                  shuffle: bool = True):
         self._paths = np.asarray(paths, dtype=object).astype(str)
-        # Made once, outside any tf.function: the epoch functions capture them instead of embedding
-        # a copy of every path in each traced graph.
+        # Made once, outside any tf.function: traced epochs capture them instead of copying every path.
         self._path_tensor = tf.constant(self._paths, tf.string)
         self._label_tensor = tf.constant(np.asarray(labels, np.int32))
         self._seed = seed
@@ -175,10 +170,9 @@ class TFRecordShards:
         records = self._pieces(order).interleave(
             read_piece, cycle_length=self._cycle_length, block_length=1,
             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        # Mix records within consecutive windows of `shuffle_buffer_size`, each window permuted with
-        # its own stateless seed. Unlike `Dataset.shuffle` (whose seed cannot vary per epoch inside
-        # flat_map), this keeps each epoch's order a pure function of (seed, epoch, process). The
-        # permutation depends on the window's length and seed only, so indices move as records do.
+        # Each `shuffle_buffer_size` window gets its own stateless permutation: unlike `Dataset.shuffle`
+        # (whose seed cannot vary per epoch inside flat_map), the order is a pure function of (seed, epoch,
+        # process), and of the window's length and seed only, so indices move as records do.
         windows = records.batch(self._buffer).enumerate()
         return windows.map(lambda i, window: tf.random.experimental.stateless_shuffle(
             window, seed=tf.random.experimental.stateless_fold_in(seed, i)))

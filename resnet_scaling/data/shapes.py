@@ -1,8 +1,7 @@
 """A small, learnable image-classification dataset drawn procedurally: the embedded demo data.
 
-Ten classes, five shapes and five textures, each drawn at a random position, size, period and phase,
-in random foreground and background colours, with pixel noise. Nothing is downloaded; the same seed
-gives the same images on every machine.
+Five shapes and five textures at random position, size, period and phase, in random colours, with pixel
+noise. Nothing is downloaded; the same seed gives the same images on every machine.
 """
 
 from __future__ import annotations
@@ -73,9 +72,8 @@ def make_shapes(num_examples: int, image_size: int = 32, seed: int = 0) -> tuple
     """Draws a balanced, shuffled set of shape and texture images.
 
     Args:
-      num_examples: images to draw (classes take turns, so counts differ by at most one).
-      image_size: height and width in pixels.
-      seed: the same seed gives the same images; use different seeds for training and held-out sets.
+      num_examples: images to draw (class counts differ by at most one).
+      seed: use different seeds for training and held-out sets.
 
     Returns:
       `(images, labels)`: uint8 [num_examples, image_size, image_size, 3] and int32 [num_examples].
@@ -108,10 +106,7 @@ _FOLDER_VERSION = 1
 
 def shapes_folder(cache_dir: str, *, num_train: int, num_eval: int, image_size: int = 32,
                   seed: int = 0) -> str:
-    """The shapes dataset as JPEG files in the class-folder layout, written once into `cache_dir`.
-
-    Returns the dataset's root (train/ and val/ inside); a later call with the same arguments reuses it.
-    """
+    """The shapes dataset as class-folder JPEGs in `cache_dir`: its root, written once per arguments."""
     from resnet_scaling.data import image_folders  # PIL is imported only when the files are written.
 
     name = f"shapes-v{_FOLDER_VERSION}-{image_size}px-{num_train}-{num_eval}-seed{seed}"

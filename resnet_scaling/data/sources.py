@@ -1,6 +1,6 @@
 """The sources that need no files: synthetic images made on the device, and NumPy arrays in memory.
 
-Both implement `base.DataSource`; the tf.data sources (TFDS, class folders, shapes) are in pipeline.py.
+The tf.data sources (TFDS, class folders, shapes) are in pipeline.py.
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ def _random_batch(key: jax.Array, batch_size: int, image_size: int, num_classes:
 class SyntheticSource:
     """Random images and labels made on the device: the standard input for throughput benchmarks.
 
-    A few distinct batches are generated once, already sharded, and cycled, so that the host does no
-    work per step and the measurement is of the model and step alone.
+    A few sharded batches, made once and cycled: the host does no work per step, so only the step is timed.
     """
 
     def __init__(self, *, image_size: int, num_classes: int, batch: BatchPlan, mesh: Mesh,
@@ -70,10 +69,8 @@ class SyntheticSource:
 class ArraySource:
     """Training and evaluation from NumPy arrays held in host memory (research code, tests, the demo).
 
-    Every process passes the same full arrays and reads its own disjoint share (`process_share`). The
-    training stream visits the share in a fresh permutation each epoch, seeded by (seed, epoch, process),
-    and runs on across epoch boundaries, so step s always sees the same images and a restart at step s
-    needs no replay.
+    Every process passes the full arrays and reads its `process_share`. Training runs across epochs, each
+    permuted by (seed, epoch, process): step s always sees the same images, so a restart needs no replay.
     """
 
     def __init__(self, train_images: np.ndarray, train_labels: np.ndarray, eval_images: np.ndarray,

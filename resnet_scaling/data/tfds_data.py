@@ -1,8 +1,7 @@
 """Prepared TFDS image-classification datasets (imagenet2012 and any other by name) as record shares.
 
-Each process reads `tfds.even_splits(split, n=process_count)[process_index]`: disjoint shares that
-together cover the split and differ in size by at most one example. Images stay encoded until the
-pipeline decodes (and crops) them.
+Each process reads its `tfds.even_splits` share (disjoint, covering the split, sizes within one example).
+Images stay encoded until the pipeline decodes (and crops) them.
 """
 
 from __future__ import annotations
