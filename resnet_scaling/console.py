@@ -1,16 +1,13 @@
 """What a run shows on the console: our progress lines, other libraries' warnings, and a closing headline.
 
-The library logs through `logging.getLogger("resnet_scaling.<module>")`. Command-line entry points call
-`configure_command_line_logging()` after absl has parsed the flags: our lines at INFO, every other
-library's (orbax writes a dozen INFO lines per checkpoint) at WARNING, unless `--verbosity` is given.
-Research code that calls `train_and_evaluate` without configuring logging still sees progress
-(`show_progress()`).
+The library logs through `logging.getLogger("resnet_scaling.<module>")`; command-line entry points call
+`configure_command_line_logging()` after absl has parsed the flags. Research code that calls
+`train_and_evaluate` without configuring logging still sees progress (`show_progress()`).
 
-Another library's traceback (orbax logs several per failed save, dozens of lines each) shows on the
-console as its one message line; the whole record goes to the log file the entry point names
-(WORKDIR/logs/), so that the library's own `error:` line is not buried and nothing is lost. A failed
-command ends within `EXIT_GRACE_SEC` of its `error:` line (`exit_after_error`), whatever threads another
-library left waiting.
+Another library's traceback (orbax logs several per failed save, dozens of lines each) shows on the console
+as its one message line, the whole record going to WORKDIR/logs/, so that the library's own `error:` line
+is not buried and nothing is lost. A failed command ends within `EXIT_GRACE_SEC` of its `error:` line
+(`exit_after_error`), whatever threads another library left waiting.
 """
 
 from __future__ import annotations
@@ -46,12 +43,11 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def configure_command_line_logging(workdir: str | None = None) -> str | None:
-    """Our progress at INFO, other libraries at WARNING, unless absl's `--verbosity` asks for more
-    (`--verbosity=0` shows every library's INFO lines, `--verbosity=1` their debug lines too).
+    """Our progress at INFO, other libraries at WARNING (orbax writes a dozen INFO lines per checkpoint),
+    unless absl's `--verbosity` asks for more (0: every library's INFO lines, 1: their debug lines too).
 
     With a local `workdir`, every record also goes whole to WORKDIR/logs/<host>-<pid>.log, and the console
-    shows other libraries' tracebacks as one line pointing there (module docstring). Returns the log
-    file's path, or None.
+    shows other libraries' tracebacks as one line pointing there. Returns the log file's path, or None.
     """
     from absl import flags
     from absl import logging as absl_logging

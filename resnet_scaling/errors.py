@@ -1,9 +1,8 @@
 """The one base class of the errors a user can fix: bad config values, missing or corrupt data, an unusable
 workdir, unreadable or incompatible checkpoints, a diverged run, a failed save.
 
-Each carries a message that names the problem and what to do; the command-line entry points print it as
-one `error:` line and exit non-zero, without a traceback. Library users catch `RunError` (or the specific
-subclass) the usual way.
+Each message names the problem and what to do; command-line entry points print it as one `error:` line
+and exit non-zero, without a traceback. Library users catch `RunError` (or a subclass) the usual way.
 """
 
 from __future__ import annotations

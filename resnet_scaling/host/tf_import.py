@@ -8,9 +8,8 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
-# What TensorFlow's C++ runtime prints at import, before its logging is set up (so TF_CPP_MIN_LOG_LEVEL
-# cannot hide it): a notice per library that oneDNN is on. Dropped from the console; anything else
-# printed during the import is passed on.
+# Printed by TensorFlow's C++ runtime at import, before TF_CPP_MIN_LOG_LEVEL applies (a oneDNN notice per
+# library): dropped from the console; anything else printed during the import is passed on.
 _IMPORT_NOISE = ("All log messages before absl::InitializeLog() is called", "oneDNN custom operations are on")
 
 
@@ -18,8 +17,7 @@ def import_tensorflow_for_host():
     """Imports TensorFlow with the GPUs hidden from it, so that JAX keeps all of their memory.
 
     TensorFlow maps most of a GPU's memory when it first runs an op there; it never needs to here. Its
-    C++ INFO lines are kept off the console unless TF_CPP_MIN_LOG_LEVEL=0 asks for them.
-    """
+    C++ INFO lines are kept off the console unless TF_CPP_MIN_LOG_LEVEL=0 asks for them."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     if "tensorflow" in sys.modules or os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0":
         import tensorflow as tf

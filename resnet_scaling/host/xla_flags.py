@@ -1,10 +1,9 @@
-"""The XLA, libtpu and NCCL settings that matter for data-parallel ResNet throughput, in one place.
+"""The XLA and libtpu settings that matter for data-parallel ResNet throughput, in one place.
 
-They are environment variables read once, when a backend initialises, so the entry point applies them
-before anything touches JAX (`python -m resnet_scaling.train --nothroughput_flags` turns this off).
-Settings the user already gave win: a flag already in XLA_FLAGS / LIBTPU_INIT_ARGS is left as it is.
-Every flag name here was checked against the XLA and libtpu this project pins (an unknown flag aborts
-start-up; tests/test_xla_flags.py checks them).
+Environment variables read once, when a backend initialises: the entry point applies them before anything
+touches JAX (`python -m resnet_scaling.train --nothroughput_flags` turns this off). A flag the user already
+put in XLA_FLAGS / LIBTPU_INIT_ARGS wins. Every flag name was checked against the XLA and libtpu this
+project pins (an unknown flag aborts start-up; tests/test_xla_flags.py checks them).
 """
 
 from __future__ import annotations
@@ -22,10 +21,9 @@ TPU_FLAGS = (
     "--xla_tpu_enable_async_collective_fusion_multiple_steps=true",
     "--xla_tpu_overlap_compute_collective_tc=true",
 )
-# GPU (XLA): schedule to hide the gradient all-reduces behind the backward pass, on a high-priority
-# stream of their own. XLA's default all-reduce combining (tens of MiB per call) keeps several calls
-# for the scheduler to overlap; NCCL's defaults are right within an NVLink node, and multi-node fabric
-# settings (NCCL_IB_HCA, NCCL_SOCKET_IFNAME) belong in the cluster's launch script (launch/).
+# GPU (XLA): hide the gradient all-reduces behind the backward pass, on a high-priority stream of their own.
+# XLA's default combining (tens of MiB per call) leaves several calls to overlap; NCCL's defaults suit an
+# NVLink node, and multi-node fabric settings (NCCL_IB_HCA, NCCL_SOCKET_IFNAME) belong in launch/.
 GPU_FLAGS = (
     "--xla_gpu_enable_latency_hiding_scheduler=true",
     "--xla_gpu_enable_highest_priority_async_stream=true",
@@ -61,9 +59,7 @@ def detect_backend(env: Mapping[str, str] | None = None, dev_dir: str = "/dev") 
 def no_accelerator_found(env: Mapping[str, str] | None = None, dev_dir: str = "/dev") -> bool:
     """Whether no platform was chosen (JAX_PLATFORMS) and no accelerator's device files exist.
 
-    Entry points then pin JAX to the CPU: with libtpu installed (the `tpu` and `test` extras), JAX would
-    otherwise probe for a TPU first, printing libtpu's metadata-server warnings and errors on a machine
-    without one before it falls back to the CPU.
+    Entry points then pin JAX to the CPU, skipping libtpu's TPU probe (`skip_tpu_probe_without_accelerator`).
     """
     env = os.environ if env is None else env
     return not env.get("JAX_PLATFORMS") and detect_backend(env, dev_dir) == "cpu"
@@ -71,14 +67,13 @@ def no_accelerator_found(env: Mapping[str, str] | None = None, dev_dir: str = "/
 
 def skip_tpu_probe_without_accelerator() -> bool:
     """Pins JAX to the CPU, as the entry points do, where that cannot change which device it would use:
-    no platform chosen (JAX_PLATFORMS, `jax_platforms`), no accelerator's device files and no GPU plugin
-    installed. Returns whether it did. (A backend JAX started before this can then only be the CPU's, so
-    the pin changes nothing for it either: no need to ask JAX's private `xla_bridge` whether one did.)
+    no platform chosen (JAX_PLATFORMS, `jax_platforms`), no accelerator's device files, no GPU plugin.
+    Returns whether it did. (A backend started earlier can then only be the CPU's: no need to ask JAX's
+    private `xla_bridge`.)
 
-    The package runs this once when imported, its one import-time setting: with libtpu installed (the
-    `tpu` and `test` extras), JAX otherwise probes for a TPU first and prints five lines of libtpu errors
-    ("INVALID_ARGUMENT: unexpected worker hostname ...") in every notebook or script on a machine without
-    one, before it falls back to the CPU anyway.
+    The package's one import-time setting: with libtpu installed (the `tpu` and `test` extras), JAX
+    otherwise probes for a TPU first, printing five lines of libtpu errors ("INVALID_ARGUMENT: unexpected
+    worker hostname ...") in every notebook or script on a machine without one, then falls back to the CPU.
     """
     import importlib.metadata
     import importlib.util
@@ -102,8 +97,7 @@ def apply_throughput_flags(backend: str | None = None, env: MutableMapping[str, 
     """Merges `throughput_env(backend)` into `env` (default os.environ) without overriding the user.
 
     Flag lists (XLA_FLAGS, LIBTPU_INIT_ARGS) gain only the flags whose names they lack. Returns what was
-    added.
-    """
+    added."""
     env = os.environ if env is None else env
     backend = backend or detect_backend(env)
     added: dict[str, str] = {}

@@ -1,28 +1,19 @@
 """Multi-process start-up: `jax.distributed.initialize()` when this process is one of several, else nothing.
 
-A job is multi-process when any of these says so (first match wins):
-
-1. explicit settings: `--coordinator_address/--num_processes/--process_id` flags, or the environment
-   variables RESNET_SCALING_COORDINATOR / RESNET_SCALING_NUM_PROCESSES / RESNET_SCALING_PROCESS_ID
-   (launch/local.py sets these), or JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID;
-2. SLURM with more than one task (SLURM_NTASKS > 1), each process started by srun: the coordinator, the
-   process count and id come from SLURM's variables, by JAX's own rule (`_slurm_settings`);
-3. a Cloud TPU pod slice: TPU_WORKER_HOSTNAMES lists several hosts (GKE sets it), or a multislice job
+A job is multi-process when (first match wins):
+1. `--coordinator_address/--num_processes/--process_id`, or RESNET_SCALING_COORDINATOR /
+   RESNET_SCALING_NUM_PROCESSES / RESNET_SCALING_PROCESS_ID (launch/local.py sets these), or
+   JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID;
+2. SLURM_NTASKS > 1, each process started by srun (`_slurm_settings`);
+3. a Cloud TPU pod slice (TPU_WORKER_HOSTNAMES lists several hosts; GKE sets it) or multislice job
    (MEGASCALE_COORDINATOR_ADDRESS): JAX finds its peers itself;
-4. RESNET_SCALING_DISTRIBUTED=auto (launch/tpu_vm.sh sets it): let JAX auto-detect any cluster it knows.
+4. RESNET_SCALING_DISTRIBUTED=auto (launch/tpu_vm.sh sets it): JAX auto-detects any cluster it knows.
+RESNET_SCALING_DISTRIBUTED=off forces a single process.
 
-RESNET_SCALING_DISTRIBUTED=off forces a single process. A process that cannot reach the coordinator, or whose
-job does not form (a peer never started), fails after `initialization_timeout_sec` with one `error:` line that
-says which process is missing and what to check, instead of hanging or aborting with a C++ stack trace.
-A coordinator on a loopback address (launch/local.py's 127.0.0.1) listens on that address only, not on every
-interface; JAX_COORDINATOR_BIND_ADDRESS chooses the address for other jobs.
-
-Once the job has formed, a peer watchdog in every process notices a process that dies (kill -9, the
-out-of-memory killer, a lost host): after `peer_timeout_sec` (RESNET_SCALING_PEER_TIMEOUT_SEC, default 60; 0
-turns it off) without a sign of life from it, every other process writes one `error:` line that names it and
-exits with status 1, within `peer_exit_bound_sec(peer_timeout_sec)` of the death (80 s by default), instead
-of hanging in a collective or aborting later with a C++ stack trace. The next launch of the same command
-resumes from the last complete checkpoint.
+A job that does not form within `initialization_timeout_sec`, or later loses a process (kill -9, the
+out-of-memory killer, a lost host) for RESNET_SCALING_PEER_TIMEOUT_SEC (default 60; 0: off), ends each
+remaining process with one `error:` line naming the missing one and status 1 (80 s after a death by
+default), not a hang or a C++ abort. Running the same command again resumes from the last complete checkpoint.
 """
 
 from __future__ import annotations
@@ -62,13 +53,12 @@ DEFAULT_PEER_TIMEOUT_SEC = 60
 ENV_PEER_TIMEOUT = "RESNET_SCALING_PEER_TIMEOUT_SEC"
 # Keys of the peer watchdog in the coordination service's key-value store.
 _WATCH_PREFIX = "resnet_scaling/peer_watch/"
-# Where JAX's preemption sync manager records that a process got SIGTERM (XLA's
-# preemption_sync_manager.cc; read back with jax 0.10.2): from then on the job is stopping.
+# Set by JAX's preemption sync manager when a process got SIGTERM (XLA's preemption_sync_manager.cc;
+# read back with jax 0.10.2): the job is stopping.
 JAX_PREEMPTION_NOTICE_KEY = "RECEIVED_PREEMPTION_NOTICE"
-# Once the job is stopping (a preemption notice, or this process failed), a peer silent this long is lost:
-# every live process beats every STOPPING_POLL_SEC until it has left (`PeerWatchdog.stop`), so silence
-# means death. Short enough for the survivors to speak within SLURM's default KillWait (30 s), when srun
-# --kill-on-bad-exit SIGTERMs them after a task died.
+# Once the job is stopping, a peer silent this long is dead: live ones beat every STOPPING_POLL_SEC until
+# they leave (`PeerWatchdog.stop`). Short enough to speak within SLURM's default KillWait (30 s), when srun
+# --kill-on-bad-exit SIGTERMs the survivors of a dead task.
 STOPPING_PEER_TIMEOUT_SEC = 10.0
 STOPPING_POLL_SEC = 0.5
 
@@ -79,7 +69,6 @@ class DistributedSettings:
 
     Attributes:
       coordinator_address: "host:port" of process 0's coordinator service.
-      num_processes: processes in the job.
       process_id: this process's index in [0, num_processes).
       reason: what said the job is multi-process (for the log and error messages).
       peer_watchdog: the watchdog `maybe_initialize` started, if any.
@@ -114,12 +103,11 @@ def detect(coordinator_address: str | None = None, num_processes: int | None = N
     """Decides whether this process is one of several and how it finds the others (None: it is alone).
 
     Args:
-      coordinator_address, num_processes, process_id: explicit settings (flags); they win over the
-        environment.
-      env: the environment to read (default: os.environ).
+      coordinator_address, num_processes, process_id: explicit settings (flags); win over the environment.
 
     Raises:
-      ValueError: explicit settings that are incomplete or inconsistent.
+      ValueError: explicit settings that are incomplete or inconsistent, a non-integer count or id, or a
+        SLURM task that srun did not start.
     """
     env = os.environ if env is None else env
     mode = env.get(ENV_MODE, "").lower()
@@ -159,14 +147,13 @@ def detect(coordinator_address: str | None = None, num_processes: int | None = N
 
 
 def _slurm_settings(env: Mapping[str, str], num_tasks: int) -> DistributedSettings:
-    """The job as SLURM's variables describe it, with JAX's own rule for the coordinator (the first node of
-    the step, port 61440 + job id % 4096 or JAX_COORDINATOR_PORT; jax/_src/clusters/slurm_cluster.py):
-    made explicit here so that the log shows the address and process 0 can check its port first. JAX
-    still detects SLURM for the rest (each task's GPU is its SLURM_LOCALID).
+    """The job as SLURM's variables describe it, with JAX's own coordinator rule made explicit so the log
+    shows it and process 0 can check its port: the step's first node, port 61440 + job id % 4096 or
+    JAX_COORDINATOR_PORT (jax/_src/clusters/slurm_cluster.py). JAX still detects SLURM for the rest (each
+    task's GPU is its SLURM_LOCALID).
 
     Raises:
-      ValueError: a process of a multi-task allocation that srun did not start (the batch script or an
-        salloc shell itself): it would wait for peers that never come.
+      ValueError: srun did not start this process (the batch script, an salloc shell): no peers would come.
     """
     job = env["SLURM_JOB_ID"]
     if not env.get("SLURM_STEP_NODELIST") or env.get("SLURM_PROCID") is None:
@@ -197,12 +184,10 @@ def _is_loopback(host: str) -> bool:
 
 
 def coordinator_bind_address(coordinator_address: str | None, env: Mapping[str, str]) -> str | None:
-    """Where process 0's coordinator listens; None leaves it to JAX.
+    """Where process 0's coordinator listens; None leaves it to JAX (every interface, `[::]:PORT`).
 
-    JAX's default is every interface (`[::]:PORT`, measured with jax 0.10.2). A job whose coordinator
-    address is a loopback address (launch/local.py: 127.0.0.1) binds to that address only, so nothing off
-    this machine can reach the service. JAX_COORDINATOR_BIND_ADDRESS, when set, wins.
-    """
+    Measured with jax 0.10.2. A loopback coordinator address (launch/local.py: 127.0.0.1) binds to itself
+    only, out of reach of other machines. JAX_COORDINATOR_BIND_ADDRESS, when set, wins."""
     if env.get(ENV_BIND_ADDRESS):
         return env[ENV_BIND_ADDRESS]
     if coordinator_address and _is_loopback(_split_address(coordinator_address)[0]):
@@ -212,13 +197,11 @@ def coordinator_bind_address(coordinator_address: str | None, env: Mapping[str, 
 
 def check_coordinator_port(coordinator_address: str, bind_address: str | None, *,
                            slurm: bool = False) -> None:
-    """Raises if process 0 could not start its coordinator: something already listens at the coordinator
-    address, or holds the port it would bind.
+    """Raises if something already listens at the coordinator address or holds the port process 0 binds.
 
-    Why: the coordinator's gRPC server does not report a port in use; the process dies with SIGSEGV
-    (measured with jax 0.10.2), or, when the holder also set SO_REUSEPORT (another JAX job of the same user),
-    both bind and the processes of two jobs meet at one service. Sockets bound with SO_REUSEPORT and not
-    listening (launch/local.py holding the port it chose) do not count.
+    gRPC does not report a port in use: the process dies with SIGSEGV (jax 0.10.2), or, if the holder set
+    SO_REUSEPORT too (another JAX job of this user), two jobs meet at one service. A non-listening
+    SO_REUSEPORT socket (launch/local.py holding the port it chose) does not count.
 
     Raises:
       RuntimeError: naming the address and what to do.
@@ -289,10 +272,8 @@ def did_not_form_message(settings: DistributedSettings, timeout_sec: float) -> s
 class _JoinWatchdog:
     """Ends the process with one `error:` line if the job has not formed by a deadline.
 
-    Why: when some process never connects, JAX's C++ client aborts every waiting process (SIGABRT, a C++
-    stack trace, "DEADLINE_EXCEEDED ... RegisterTask") at the initialisation timeout, and Python cannot
-    catch that. JAX is given a longer timeout, and this thread speaks first.
-    """
+    At its own, longer timeout JAX's C++ client aborts every waiting process, uncatchably (SIGABRT, a C++
+    stack trace, "DEADLINE_EXCEEDED ... RegisterTask"): this thread speaks first."""
 
     def __init__(self, timeout_sec: float, message: str) -> None:
         self._message = message
@@ -319,11 +300,9 @@ class _JoinWatchdog:
 
 
 def wait_for_coordinator(address: str, timeout_sec: float, poll_sec: float = 1.0) -> None:
-    """Returns once a TCP connection to `address` ("host:port") succeeds; raises after `timeout_sec`.
+    """Returns once a TCP connection to `address` ("host:port") succeeds.
 
-    Why: when a non-zero process cannot reach the coordinator, XLA's client aborts the whole process
-    (SIGABRT) with a message blaming "another task", which hides the cause. Checking the port first turns
-    that into a Python error that names the address.
+    Else XLA's client aborts a non-zero process (SIGABRT) blaming "another task", hiding the cause.
 
     Raises:
       RuntimeError: nothing accepted connections at `address` within `timeout_sec`.
@@ -352,11 +331,8 @@ def _is_srun_step(env: Mapping[str, str]) -> bool:
 def stop_srun_step_peers(env: Mapping[str, str]) -> None:
     """Process 0 of an srun step that cannot start the job: ends the step's other tasks now (SIGTERM).
 
-    Why: they would otherwise wait out the whole initialisation timeout (300 s by default) for a
-    coordinator that never starts, as plain srun leaves the other tasks running when one fails (measured
-    on SLURM 22.05: process 1 waited 300 s after process 0's error). This process ignores the signal: it
-    is exiting with its own error line.
-    """
+    Plain srun leaves them waiting out the initialisation timeout (SLURM 22.05: process 1 waited 300 s after
+    process 0's error). This process ignores the signal: it exits with its own error line."""
     if not _is_srun_step(env) or shutil.which("scancel") is None:
         return
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -402,23 +378,17 @@ def stopping_exit_bound_sec(timeout_sec: float) -> float:
 def peer_exit_bound_sec(timeout_sec: float) -> float:
     """The longest a process takes to exit after a peer died, with a peer timeout of `timeout_sec`.
 
-    A peer is seen silent for `timeout_sec` at most one poll late, after its last beat, which its death can
-    follow by up to one poll; process 0 then keeps the coordination service up for two more polls, so that
-    the others read the verdict and exit with the same line rather than with JAX's abort.
-    """
+    Death up to a poll after the last beat, silence seen up to a poll late, then (3+ processes) process 0
+    keeps the service up two more polls so that the others read the verdict, not JAX's abort."""
     return timeout_sec + 4 * peer_poll_sec(timeout_sec)
 
 
 def jax_heartbeat_timeout_sec(timeout_sec: float) -> int:
-    """JAX's own heartbeat timeout for a peer timeout, chosen so that the watchdog's line comes first and
-    JAX's abort (SIGABRT, a C++ stack trace) only ends a process whose watchdog could not run.
+    """JAX's heartbeat timeout for a peer timeout, so that the watchdog's line comes before JAX's abort.
 
-    JAX's processes beat every half of this timeout, and its service counts from the last beat it received,
-    so it can abort the others as soon as half the timeout after a death (measured with jax 0.10.2 by a
-    throwaway driver: a process killed at random moments under an 8 s timeout brought the abort 4.5 to
-    8.8 s later, over 6 kills). Half of
-    it must therefore exceed the watchdog's bound.
-    """
+    JAX beats every half timeout and counts from the last beat, so it can abort half a timeout after a death
+    (jax 0.10.2, 8 s timeout, 6 random kills: aborts 4.5 to 8.8 s later): half must exceed the watchdog's
+    bound."""
     return 2 * (math.ceil(peer_exit_bound_sec(timeout_sec)) + _JAX_TIMEOUT_MARGIN_SEC)
 
 
@@ -431,13 +401,11 @@ def _coordination_client() -> Any:
 
 
 def report_progress(step: int, checkpoint_step: int | None = None) -> None:
-    """Records where training is, so that a peer watchdog's error can say at about which step a process was
-    lost and which checkpoint the next launch resumes from. Does nothing in a single-process run.
+    """Records where training is, for a peer watchdog's error; does nothing in a single-process run.
 
     Args:
       step: the last step this process has done (dispatched is enough: "about").
-      checkpoint_step: the newest checkpoint whose save has finished on every process, when it changed;
-        None leaves the recorded one as it is.
+      checkpoint_step: the newest checkpoint saved on every process, when it changed; None keeps the old one.
     """
     client = _coordination_client()
     if client is None:
@@ -464,7 +432,6 @@ def peer_lost_message(lost: list[int], num_processes: int, process_id: int, time
 
     Args:
       lost: the processes not heard from for `timeout_sec`.
-      num_processes, process_id: the job's size and this process's index.
       step: about where training was (the highest step any process reported), if known.
       checkpoint_step: the newest checkpoint complete on every process, if known.
       none_complete: known that no checkpoint is complete (the next launch starts from scratch).
@@ -510,22 +477,16 @@ def _int_or_none(text: str | None) -> int | None:
 class PeerWatchdog:
     """Notices a process of the job that died, and ends this one with one `error:` line that names it.
 
-    Why: when a process dies after the job has formed, the others hang in their next collective (gloo,
-    NCCL and ICI need every process) or, when the transport reports the broken connection, fail and then
-    hang in JAX's shutdown barrier; JAX's coordination service aborts them only after its heartbeat timeout
-    (100 s by default), with SIGABRT and a C++ stack trace that blames "another task" (measured with jax
-    0.10.2). Python cannot catch that abort, and JAX's `missed_heartbeat_callback` hook cannot be used from
-    Python (jaxlib 0.10.2 fails to convert its status argument: std::bad_cast, then terminate).
+    Else the others hang in their next collective (gloo, NCCL and ICI need every process), or fail and hang
+    in JAX's shutdown barrier, until JAX's heartbeat timeout (100 s by default) aborts them uncatchably
+    (SIGABRT, a C++ stack trace blaming "another task"; jax 0.10.2). JAX's `missed_heartbeat_callback`
+    is unusable from Python (jaxlib 0.10.2: std::bad_cast converting its status, then terminate).
 
-    How: a daemon thread in every process writes a counter to the coordination service's key-value store
-    every `peer_poll_sec` and reads everyone's. The thread runs while the main thread waits in C++ (a
-    collective, a barrier, the shutdown barrier at exit), which releases the GIL; a slow step, compile or
-    checkpoint does not silence it. A process whose counter has not moved for `timeout_sec` is lost: the
-    first process to see it writes a notice (so every process names the same one), writes its `error:`
-    line, and exits with status 1. Process 0 hosts the service, so it waits two polls first, letting the
-    others read the notice. If process 0 itself dies, JAX ends the others at once (measured: within 0.2 s,
-    SIGABRT, "Failed to send RPC to coordination service. Either the leader task was preempted/died...");
-    this watchdog cannot speak before that.
+    A daemon thread beats a counter in the coordination service's key-value store every `peer_poll_sec` and
+    reads everyone's, even while the main thread waits in C++ (which releases the GIL): a slow step, compile
+    or checkpoint does not silence it. A counter unmoved for `timeout_sec` means lost. If process 0 dies, JAX
+    ends the others within 0.2 s (SIGABRT, "Failed to send RPC to coordination service. Either the leader
+    task was preempted/died..."), before this watchdog can speak.
     """
 
     def __init__(self, process_id: int, num_processes: int, timeout_sec: float, *,
@@ -550,8 +511,7 @@ class PeerWatchdog:
         self._thread: threading.Thread | None = None
         self._entries: dict[str, str] = {}  # The watch keys as last read from the service.
         self._exiting = threading.Event()
-        # The job is stopping: a preemption notice, or this process failed (`hurry`). Set, silence counts
-        # after STOPPING_PEER_TIMEOUT_SEC, and the thread polls every STOPPING_POLL_SEC.
+        # Set once the job is stopping (a preemption notice, or `hurry`): STOPPING_* silence limit and poll.
         self._stopping = threading.Event()
         self._wake = threading.Event()  # Cuts the wait between rounds short.
         self._round = threading.Lock()  # Held during a round of calls to the coordination client.
@@ -602,9 +562,8 @@ class PeerWatchdog:
         return self._lost_message(lost)
 
     def _lost_message(self, lost: list[int]) -> str:
-        """The error line for `lost`, with the newest step the service last reported and the newest
-        complete checkpoint: read from disk now where the run said how, as the next launch will find it
-        (the step the trainer last reported lags: a save it started may have completed since)."""
+        """The error line for `lost`, with the newest reported step and the newest complete checkpoint, read
+        from disk now where the run said how (the reported one lags a save completed since)."""
         newest = {}
         for kind in ("step", "checkpoint"):
             prefix = f"{_WATCH_PREFIX}{kind}/"
@@ -651,10 +610,8 @@ class PeerWatchdog:
 
     def stop(self) -> None:
         """On the way out (a normal exit, `leave`, a failure): after the round in flight, records that this
-        process left, so that the others' watch does not take its silence for a death, then makes no more
-        calls to the coordination client (jax is about to shut it down). The thread still ends the process,
-        naming the peer seen last the longest ago, if jax's shutdown barrier holds it longer than the
-        stated bound (a peer died at the end)."""
+        process left, then makes no more client calls (jax is about to shut it down). The thread still ends
+        the process, naming the stalest peer, if jax's shutdown barrier holds it past the bound."""
         self._exiting.set()
         self._wake.set()
         with self._round:
@@ -686,9 +643,8 @@ class PeerWatchdog:
         if not self._seen:
             return
         stalest = min(self._seen, key=lambda peer: self._seen[peer][1])
-        # The bound counts from the stalest peer's last sign of life, not from the start of the exit: a
-        # process whose main thread noticed a dead peer only late (a collective that failed slowly) must
-        # still speak before JAX's heartbeat abort.
+        # Counted from the stalest peer's last sign of life, not the exit's start: a process that noticed a
+        # dead peer late (a slowly failing collective) must still speak before JAX's heartbeat abort.
         last_sign_of_life = self._seen[stalest][1]
         time.sleep(max(0.0, last_sign_of_life + peer_exit_bound_sec(self.timeout_sec) - self._clock()))
         sys.stdout.flush()
@@ -707,18 +663,12 @@ def maybe_initialize(coordinator_address: str | None = None, num_processes: int 
     """Calls `jax.distributed.initialize()` if `detect` finds a multi-process job; call it before any JAX
     computation (the entry point's first step).
 
-    If the other processes have not all connected after `initialization_timeout_sec`, the process writes one
-    `error:` line naming the missing process(es) and exits with status 1 (JAX would abort it with SIGABRT
-    and a C++ stack trace a little later). Once joined, a `PeerWatchdog` ends the process the same way when
-    another process has given no sign of life for `peer_timeout_sec` (None: RESNET_SCALING_PEER_TIMEOUT_SEC,
-    else 60 s; 0: no watchdog, JAX's own 100 s heartbeat timeout and abort).
-
-    `complete_checkpoints` lists the steps of the run's complete checkpoints, oldest first: the watchdog's
-    line names the newest, read when it speaks, as the next launch will find it.
+    Fails as the module docstring says; `peer_timeout_sec` is resolved by `resolve_peer_timeout_sec` (0: no
+    watchdog, JAX's own 100 s heartbeat abort). `complete_checkpoints` lists the run's complete checkpoint
+    steps, oldest first: the watchdog's line names the newest, read when it speaks.
 
     Returns:
-      The settings used, with the watchdog started, or None when the process runs alone (nothing was
-      initialised).
+      The settings used, with the watchdog started, or None when the process runs alone.
 
     Raises:
       ValueError: incomplete or inconsistent settings, or a negative peer timeout.
@@ -773,13 +723,10 @@ def maybe_initialize(coordinator_address: str | None = None, num_processes: int 
 
 
 def blame_a_lost_peer(settings: DistributedSettings | None) -> None:
-    """Before a failing process writes its own error: if a peer died (a collective fails at once when gloo
-    sees its peer's connection reset), ends this process with the watchdog's one line naming it and the last
-    complete checkpoint, within `stopping_exit_bound_sec` of the death; else returns, marked as leaving.
-
-    Why: without it a survivor printed the collective's traceback and, 77 s after the kill, the watchdog's
-    line naming a checkpoint older than the newest complete one (plain srun on SLURM 22.05).
-    """
+    """Before a failing process writes its own error: if a peer died (gloo fails a collective at once on a
+    reset connection), ends this process with the watchdog's line within `stopping_exit_bound_sec`; else
+    returns, marked as leaving. Without it a survivor printed the collective's traceback, then 77 s after
+    the kill a watchdog line naming an outdated checkpoint (plain srun, SLURM 22.05)."""
     if settings is None or settings.peer_watchdog is None:
         return
     settings.peer_watchdog.hurry()
@@ -790,11 +737,9 @@ def leave(settings: DistributedSettings | None) -> None:
     """Leaves the job before an immediate exit (`os._exit`, which runs no atexit hook): stops the peer
     watchdog's calls, then JAX's shutdown, whose barrier waits until every process has reached it.
 
-    Why: process 0 hosts the coordination service. When it exited at once after a preemption's checkpoint,
-    a process still closing its input pipeline lost the service and JAX aborted it (SIGABRT, a C++ stack
-    trace; 3 of 8 preempted 2-task SLURM jobs, which then ended FAILED). If a peer dies meanwhile, the
-    watchdog still ends this process within its bound.
-    """
+    When process 0 (the service's host) exited at once after a preemption's checkpoint, JAX aborted a peer
+    still closing its input pipeline (SIGABRT; 3 of 8 preempted 2-task SLURM jobs ended FAILED). A peer
+    dying meanwhile still ends this process within the watchdog's bound."""
     if settings is None:
         return
     if settings.peer_watchdog is not None:

@@ -21,10 +21,9 @@ class DivergenceError(RunError, FloatingPointError):
 class DivergenceGuard:
     """Keeps diverged states out of checkpoints and says truthfully which checkpoint is sound.
 
-    A checkpoint of step k holds the state after update k, which only the loss of step k+1 evaluates. So:
-    before a save, the state itself must be finite and its parameter norm within `max_norm_growth` of the
-    run's start; and when the first non-finite loss shows up at step j, the checkpoints of steps j-1 and
-    later (saved from the state that produced it, or after) are moved to WORKDIR/diverged_checkpoints/.
+    A checkpoint of step k holds the state after update k, which only step k+1's loss evaluates. So a state
+    is saved only if finite with its parameter norm within `max_norm_growth` of the run's start, and a first
+    non-finite loss at step j moves the checkpoints of steps j-1 on to WORKDIR/diverged_checkpoints/.
     """
 
     def __init__(self, state: TrainState, start_step: int, max_norm_growth: float,

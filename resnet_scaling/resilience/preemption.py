@@ -18,9 +18,8 @@ class PreemptionWatcher:
     """Tells every process to stop at the same step after a SIGTERM (what TPU and spot VMs send) or a
     Ctrl-C (SIGINT), so that the run saves a checkpoint and ends cleanly; a second Ctrl-C stops at once.
 
-    With several processes, jax's preemption sync point (set up by `jax.distributed.initialize`) picks
-    a step that all processes reach; it listens for SIGTERM, so a Ctrl-C is passed on to it as one. A
-    single process installs its own handlers.
+    With several processes, jax's preemption sync point (from `jax.distributed.initialize`) picks the step;
+    it listens for SIGTERM, so a Ctrl-C is passed on as one. A single process installs its own handlers.
     """
 
     def __init__(self) -> None:

@@ -1,11 +1,10 @@
 """Checks of what a train state holds, computed on the device: content fingerprints for checkpoints and
 the health (finite, not exploding) of a state before it is saved.
 
-A fingerprint is one 32-bit number per array: the sum, modulo 2**32, of the array's raw bits (as unsigned
-integers) each multiplied by an odd weight that depends on its position. Any single flipped bit changes
-it, as does a block of overwritten bytes (except with probability ~2**-32), and it does not depend on the
-file format, so it catches corruption that the checkpoint's storage layer does not check (OCDBT's large
-chunks carry no checksum). It is not a cryptographic hash: it detects accidents, not tampering.
+A fingerprint is one 32-bit number per array (its raw bits times odd position weights, summed mod 2**32).
+Any flipped bit changes it, as does a block of overwritten bytes (except with probability ~2**-32), whatever
+the file format: it catches corruption the storage layer does not check (OCDBT's large chunks carry no
+checksum). It detects accidents, not tampering.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """The run's working directory: checked in a second before any slow set-up, and locked while a run uses it.
 
-Paths go through `etils.epath`, so a workdir may be local or on an object store (`gs://bucket/run`).
-
-The lock is WORKDIR/run.lock, a small JSON file naming the run that holds it (host, pid and the pid's
-start time, command, start) with a heartbeat the holder refreshes every `HEARTBEAT_SEC`. A second run on
-the same workdir refuses at once, naming the first. A lock left by a run that crashed is stale and taken
-over: on the same host when its process is gone or its pid now belongs to another process (a restarted
-container's pid 1: the start time differs), from any host when its heartbeat is older than
-`STALE_AFTER_SEC`. A lock that is empty or unreadable (what a crash between creating and writing it leaves)
-is set aside as run.lock.damaged-* once it is older than `DAMAGED_GRACE_SEC`. Object stores have no
-exclusive create through epath, so on `gs://` two runs started within the same second could both believe
-they hold the lock; each reads the lock back after writing it, which narrows that window.
+The lock, WORKDIR/run.lock, is JSON naming its holder (host, pid and the pid's start time, command, start)
+with a heartbeat refreshed every `HEARTBEAT_SEC`; a second run refuses at once, naming the first. A crashed
+run's lock is taken over: on the same host when its pid is gone or reused (a restarted container's pid 1:
+another start time), from any host when its heartbeat is older than `STALE_AFTER_SEC`. An empty or
+unreadable lock (a crash between create and write) is set aside as run.lock.damaged-* once older than
+`DAMAGED_GRACE_SEC`. epath has no exclusive create on object stores, so two `gs://` runs started within the
+same second could both believe they hold it; reading the lock back after writing narrows that window.
 """
 
 from __future__ import annotations
@@ -57,8 +53,7 @@ def as_path(workdir: str | os.PathLike[str]) -> epath.Path:
         require_gcs_client()
     if ("://" in text and "tensorflow" not in sys.modules
             and importlib.util.find_spec("tensorflow") is not None):
-        # epath reaches object stores through TensorFlow's gfile where TensorFlow is installed: imported
-        # here as the library imports it (GPUs hidden from it, its import notices off the console), once.
+        # epath reaches object stores through TensorFlow's gfile where installed: import it our way, once.
         tf_import.import_tensorflow_for_host()
     return epath.Path(text if "://" in text else os.path.abspath(text))
 
@@ -97,10 +92,9 @@ def check_writable(workdir: str | os.PathLike[str]) -> epath.Path:
 
 
 def remove_refused_launch(workdir: str, log_file: str | None) -> None:
-    """Takes back what a refused first launch made of a workdir that did not exist before it: this process's
-    log file, then whichever of logs/, the compilation cache and the workdir are left empty. A directory
-    that holds anything (another process's log, a compiled program, a checkpoint) stays: only empty
-    directories are removed, so nothing a run wrote is lost. Local workdirs only."""
+    """Takes back what a refused first launch made of a new workdir: this process's log file, then whichever
+    of logs/, the compilation cache and the workdir are left empty (only empty ones: nothing a run wrote is
+    lost). Local workdirs only."""
     if "://" in workdir or not os.path.isdir(workdir):
         return
     cache = os.path.join(workdir, "compilation_cache")
@@ -165,8 +159,7 @@ STORAGE_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.
 
 
 def is_storage_full(error: BaseException) -> bool:
-    """Whether `error` (or an error along its chain of causes) says the storage is full, over quota or
-    read-only."""
+    """Whether `error` or one along its chain of causes says the storage is full, over quota or read-only."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
@@ -226,10 +219,7 @@ def _boot_id() -> str | None:
 
 
 class WorkdirLock:
-    """Holds WORKDIR/run.lock for the lifetime of a run (see the module docstring).
-
-    Use as a context manager, on the process that writes (process 0): `with WorkdirLock(workdir): ...`.
-    """
+    """Holds WORKDIR/run.lock for a run (module docstring); use `with WorkdirLock(workdir):` on process 0."""
 
     def __init__(self, workdir: str | os.PathLike[str], heartbeat_sec: float = HEARTBEAT_SEC,
                  stale_after_sec: float = STALE_AFTER_SEC) -> None:
