@@ -2,9 +2,8 @@
 
     python -m resnet_scaling.compile --config=pod [--topology=v2:16x16] [--json_out=PATH]
 
-Needs libtpu (`pip install -e '.[tpu]'`), not a TPU: the topology's devices come from libtpu's
-description of them. Prints per-device memory against the chip's HBM, FLOPs per step and the collectives
-of the compiled step (see `resnet_scaling.analysis.aot`).
+Needs libtpu (`pip install -e '.[tpu]'`), not a TPU: libtpu describes the topology's devices. Prints
+per-device memory against the chip's HBM, FLOPs per step and the step's collectives (analysis/aot.py).
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Evaluation only: `python -m resnet_scaling.evaluate --workdir=DIR [--weights=export|best] [--split=SPLIT]`.
 
-Loads a run's final (`export/`) or best (its best evaluation's checkpoint) parameters with the run's own
-config, makes one exact pass over its evaluation split and writes `WORKDIR/eval_<weights>_<split>.json`
-(`evaluation.py`, which `evaluate_workdir` runs from Python). Override data or evaluation settings for a
-dataset that moved: `--override=data.data_dir=/mnt/tfds`.
+Loads a run's final (`export/`) or best (its best evaluation's checkpoint) parameters with its own config,
+makes one exact pass over its evaluation split and writes `WORKDIR/eval_<weights>_<split>.json`
+(`evaluation.evaluate_workdir` from Python). For a moved dataset: `--override=data.data_dir=/mnt/tfds`.
 
-The package imports `evaluation.py`, never this module: `python -m` would otherwise find the module it is
-about to run already imported, and runpy warns.
+The package imports `evaluation.py`, never this module: runpy warns if `python -m` finds it imported.
 """
 
 from __future__ import annotations
@@ -18,8 +16,7 @@ from resnet_scaling import data as data_lib
 from resnet_scaling import predict
 from resnet_scaling.evaluation import evaluate_workdir, format_result
 
-# The flags are defined only when this module runs as the command: importing it must not add flags that
-# clash with another entry point's (`--workdir` is train.py's too).
+# Flags only when run as the command: importing must not add ones that clash (train.py has `--workdir`).
 
 
 def _define_flags() -> None:

@@ -5,12 +5,10 @@
     python -m resnet_scaling.planner --all_configs --json_out=plan.json --chart_out=plan.png \\
         --prices=prices.json --input_rate="1143:benchmarks/input_pipeline.py, AMD EPYC, 1 core"
 
-Each input is a compile report (`python -m resnet_scaling.compile --json_out`), a run's `summary.json`
-(or its workdir), or a config by name or path: a TPU config is compiled for its topology here (libtpu, a
-few minutes each on a 2-core machine); a GPU config without a run is listed as not predicted. Prints one
-row per system, uncompensated and, for TPUs, compensated by the one factor the case study's pod gives
-(its compile report, or the pod config, must be among the inputs or `--calibration`); every figure says
-where it comes from (`resnet_scaling.analysis.planning` has the model and what it leaves out).
+Inputs: compile reports (`python -m resnet_scaling.compile --json_out`), runs' `summary.json` (or workdir),
+configs by name or path (TPU ones compiled here with libtpu, minutes each on 2 cores; a GPU one without a
+run is not predicted). One row per system, uncompensated and, for TPUs, times the case study pod's factor
+(its report or config in the inputs or `--calibration`); figures name their source (`analysis.planning`).
 """
 
 from __future__ import annotations

@@ -3,17 +3,15 @@
     python -m resnet_scaling.prepare --manual_dir=$HOME/imagenet_tars [--data_dir=$HOME/tensorflow_datasets]
     python -m resnet_scaling.prepare --dataset=imagenette/320px-v2     # any TFDS dataset TFDS can download
 
-`tfds build` imports Apache Beam, which this package does not install; TFDS's Python builder
-(`builder.download_and_prepare`) needs none, and is what this runs. For imagenet2012 it first checks that
-the manual_dir holds ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar. At the end it opens the dataset
-as training does, checks every shard file, prints each split's size and compares it with the full
-ILSVRC2012 tars' (a warning for a subset; `--expect=train=N,validation=N` makes a difference an error).
+Runs TFDS's Python builder (`builder.download_and_prepare`): `tfds build` imports Apache Beam, which this
+package does not install. For imagenet2012 it first checks manual_dir for the train and val tars. At the
+end it opens the dataset as training does, checks every shard file and prints each split's size against
+the full ILSVRC2012's (a subset warns; `--expect=train=N,validation=N` makes a difference an error).
 
-Rerunning is safe. TFDS writes into `<data_dir>/<name>/incomplete.XXXXXX_<version>/` and renames that to
-`<version>/` only once every split is written, and an exception or Ctrl-C deletes it; so a version folder
-is complete or absent. A second run on a prepared data_dir only verifies. A run interrupted part way
-starts over (TFDS cannot resume inside a split). A run killed outright (SIGKILL, power loss) leaves its
-incomplete.* folder behind, which TFDS never reuses: this command names such folders so they can be deleted.
+Rerunning is safe: TFDS writes `<data_dir>/<name>/incomplete.XXXXXX_<version>/`, renamed `<version>/` once
+every split is written and deleted on an exception or Ctrl-C, so a version folder is complete or absent. A
+prepared data_dir is only verified; an interrupted run starts over (TFDS cannot resume inside a split). A
+killed run (SIGKILL, power loss) leaves its incomplete.* folder, never reused: this names them for deletion.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Entry point: `python -m resnet_scaling.train --config=configs/demo.py --workdir=/tmp/demo`.
 
-`--config` takes a config file's path or the name of one shipped with the package (`--config=demo`,
-`--config=pod`). Override any config field on the command line: `--config.training.global_batch_size=256`.
-The console shows our progress and other libraries' warnings (`--verbosity=0` shows their INFO lines) and
-ends with a headline; the config goes to WORKDIR/config.json (`--print_config` prints it and exits).
-Multi-process jobs (TPU pod slices, SLURM, launch/local.py) join up first; see `resilience/distributed.py`.
+`--config`: a config file's path or a shipped config's name (`--config=demo`); override any field with
+`--config.training.global_batch_size=256`. The console shows our progress, other libraries' warnings
+(`--verbosity=0`: their INFO too) and a headline; the config goes to WORKDIR/config.json (`--print_config`
+prints it and exits). Multi-process jobs (TPU pod slices, SLURM, launch/local.py) join up first.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A config file (configs/*.py) or the name of a shipped one: " +
     ", ".join(config_lib.shipped_config_names()) + ".", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics, summaries and checkpoints "
-                                "(required, but with --print_config).")
+                                "(required, except with --print_config).")
 flags.mark_flags_as_required(["config"])
 # Multi-process settings; unset, they come from the environment or the cluster (resilience/distributed.py).
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0's coordinator.")
@@ -94,8 +93,7 @@ def main(argv: list[str]) -> None:
 
 
 def load_config() -> ml_collections.ConfigDict:
-    """The `--config` file with its `--config.*` overrides, or one `error:` line naming what is wrong
-    (ml_collections loads it lazily and reports a missing file or a mistyped field in chained tracebacks)."""
+    """The `--config` file with its overrides, or one `error:` line (ml_collections: chained tracebacks)."""
     try:
         return _CONFIG.value
     except OSError as e:  # the file is missing or does not load
@@ -125,9 +123,8 @@ def enable_compilation_cache(cache_dir: str) -> None:
     """Turns on JAX's persistent compilation cache in `cache_dir` (before the first compilation)."""
     jax.config.update("jax_compilation_cache_dir", cache_dir)
     if xla_flags.detect_backend() != "gpu":
-        # JAX also points XLA's GPU autotuning cache into the cache dir, and that path enters every
-        # program's cache key: a copied or moved workdir would never find its compiled programs. The
-        # autotuning cache serves GPUs only.
+        # JAX points XLA's (GPU-only) autotuning cache into the cache dir, and that path enters every
+        # program's cache key: a copied or moved workdir would never find its compiled programs.
         jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
 
 
@@ -154,8 +151,7 @@ def _unknown_field_message(error: BaseException, argv: list[str]) -> str:
 
 
 def _check_config_file(argv: list[str]) -> None:
-    """One `error:` line for a --config that names no file and no shipped config (absl would print its
-    whole usage text after ml_collections' attempts)."""
+    """One `error:` line for a --config naming no file or shipped config (absl: its whole usage text)."""
     for i, arg in enumerate(argv):
         value = (arg.split("=", 1)[1] if arg.startswith("--config=") else
                  argv[i + 1] if arg == "--config" and i + 1 < len(argv) else None)

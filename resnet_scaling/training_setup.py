@@ -1,10 +1,9 @@
 """`setup(config)`: the one path from a config to a jitted training step, for every command.
 
-config -> mesh -> batch plan -> data source -> training plan -> model -> optimizer -> state -> steps.
-The trainer (`trainer.train_and_evaluate`), ahead-of-time compilation (`aot.build_report`) and the
-train-step benchmark all build their run here, so what is compiled for a pod ahead of time is what the
-trainer runs. As MaxText's `setup_train_loop` and `get_shaped_batch`: with `abstract=True` nothing is
-allocated or read; the state and the batch are ShapeDtypeStructs with the shardings the real ones have.
+config -> mesh -> batch plan -> data source -> training plan -> model -> optimizer -> state -> steps. The
+trainer, ahead-of-time compilation (`aot.build_report`) and the train-step benchmark all build here, so a
+pod runs what was compiled for it ahead of time. As MaxText's `setup_train_loop`/`get_shaped_batch`,
+`abstract=True` allocates and reads nothing: state and batch are ShapeDtypeStructs with the real shardings.
 """
 
 from __future__ import annotations
@@ -34,13 +33,10 @@ class TrainingSetup:
       config: the validated config.
       mesh: the device mesh (`data` axis).
       plan: every derived size and duration.
-      source: the data source; None for an abstract setup (no data is read).
+      source: None for an abstract setup (no data is read).
       shaped_batch: the training batch as ShapeDtypeStructs with its sharding (what every source yields).
       model: the ResNet, with the plan's batch-norm groups.
-      learning_rate_fn: the schedule, step -> learning rate.
-      optimizer: the optax transformation.
-      state: the initial train state, replicated on the mesh (abstract: ShapeDtypeStructs); its weights
-        come from `config.model.init_from` where that is set.
+      state: the initial train state, replicated (abstract: ShapeDtypeStructs); `model.init_from` if set.
       step_config: the constants the steps bind.
       train_step: `train_step` jitted for the mesh (state donated); `.lower(state, batch).compile()` it.
       eval_step: `eval_step` jitted for the mesh.
@@ -78,8 +74,7 @@ class TrainingSetup:
         return compiled, time.perf_counter() - start
 
     def compile_eval_step(self) -> tuple[Any, float]:
-        """Lowers and compiles the eval step with this setup's state and a shaped evaluation batch; returns
-        (the executable, seconds it took)."""
+        """Lowers and compiles the eval step on a shaped eval batch; returns (the executable, seconds)."""
         batch = data_lib.shaped_eval_batch(self.plan.batch, self.config.data.image_size, self.mesh)
         start = time.perf_counter()
         compiled = self.eval_step.lower(self.state, batch).compile()
@@ -97,8 +92,7 @@ def setup(config: ml_collections.ConfigDict, *, devices: Sequence[jax.Device] | 
       config: a config from `configs/` or `config.get_base_config()`.
       devices: devices for the mesh (default: all of the job's); for `abstract`, a TPU topology's.
       arrays: `(train_images, train_labels, eval_images, eval_labels)` for `data.source == "arrays"`.
-      abstract: build shapes only (ahead-of-time compilation): no data source, no state in memory;
-        epochs are `config.data.num_train_examples` long.
+      abstract: shapes only (AOT): no data source or state in memory; epochs of `data.num_train_examples`.
       train_step_fn: the step to jit (tests pass a wrapped `steps.train_step`).
 
     Raises:

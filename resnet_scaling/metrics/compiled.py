@@ -1,7 +1,6 @@
 """What XLA says about one compiled step: its FLOPs (cost analysis) and its memory (memory analysis).
 
-The trainer's start-up log, the ahead-of-time report (aot.py) and the train-step benchmark all read a
-compiled step through these two functions, so they report the same totals.
+The trainer's start-up log, aot.py's report and the train-step benchmark all use these: same totals.
 """
 
 from __future__ import annotations
@@ -12,8 +11,7 @@ from typing import Any
 def _cost(compiled: Any) -> dict[str, Any]:
     """XLA's cost analysis of a compiled program, {} where there is none.
 
-    `cost_analysis()` returns a dict, a list of dicts (one per program) or None, depending on the jax
-    version and backend; some backends raise.
+    `cost_analysis()`: a dict, a list (one per program) or None by jax version and backend; some raise.
     """
     try:
         cost = compiled.cost_analysis()
@@ -41,8 +39,7 @@ def memory_per_device(compiled: Any) -> dict[str, int] | None:
     """Bytes one device holds for the step, by kind, with their `total`; None where not reported.
 
     Kinds: `argument` (state and batch), `output`, `alias` (outputs written into donated arguments),
-    `temp` (activations and other temporaries), `generated_code`. The total counts aliased outputs once:
-    argument + output - alias + temp + generated_code.
+    `temp` (activations and other temporaries), `generated_code`; `total` counts aliased outputs once.
     """
     try:
         m = compiled.memory_analysis()

@@ -1,7 +1,6 @@
 """Metrics kept on the device and fetched every N steps; the evaluation summary.
 
-The host never waits for the device per step: step metrics stay as device arrays in a `MetricsBuffer`
-until the trainer asks for their mean, every `log_every_steps`.
+No per-step host wait: step metrics stay device arrays in a `MetricsBuffer` until `log_every_steps`.
 """
 
 from __future__ import annotations
@@ -16,9 +15,7 @@ import numpy as np
 class MetricsBuffer:
     """Per-step metric dicts of device scalars, fetched from the device only when asked.
 
-    `fetch()` copies what is pending to the host (one transfer) and returns those steps' records, so the
-    caller can check them (a non-finite loss) before a checkpoint; `mean()` averages every step since the
-    last `mean()`.
+    `fetch()` (one transfer) lets the caller check the records (a non-finite loss) before a checkpoint.
     """
 
     def __init__(self) -> None:
@@ -60,8 +57,7 @@ def first_non_finite_step(records: list[dict[str, float]], key: str = "loss") ->
 
 
 def summarize_eval(sums: Mapping[str, Any]) -> dict[str, float | int]:
-    """Turns summed eval metrics (`loss_sum`, `top1_sum`, `top5_sum`, `count`) into means, with the
-    number of images counted (`eval_count`, an integer: the device sums it as a float)."""
+    """Means of summed eval metrics, and `eval_count` (an integer: the device sums it as a float)."""
     count = float(sums["count"])
     return {
         "eval_loss": float(sums["loss_sum"]) / count,

@@ -1,19 +1,16 @@
-"""Goodput across every launch of a run, as MaxText reports it: of the wall time from the first launch's
-start to now (restarts and the time between them included), the fraction spent in productive training
-steps, and the rest (badput) by cause.
+"""Goodput across every launch of a run, as MaxText reports it, and the rest (badput) by cause.
 
-Each launch keeps its own account (initialisation, compilation, training, input waiting, evaluation,
-checkpointing; the steps it started from and reached; the training seconds at each checkpoint it saved)
-and process 0 rewrites it into WORKDIR/goodput.json at every log point, evaluation and checkpoint, so a
-launch that dies keeps its account up to its last such point. The next launch reads the earlier accounts:
+Goodput: the fraction of wall time since the first launch's start (restarts and gaps included) spent in
+productive steps: training-clock seconds minus input waiting minus recomputed steps. Process 0 rewrites
+each launch's account (seconds by `LAUNCH_BUCKETS` cause, its first and last step, training seconds at
+each checkpoint it saved) into WORKDIR/goodput.json at every log point, evaluation and checkpoint, so a
+launch that dies keeps it up to there. From the earlier launches' accounts, the next launch adds:
 
-- *recomputed steps*: a launch that resumes at step k after an earlier one reached m > k (a crash, a lost
-  checkpoint) redoes steps k+1..m; their training seconds in the earlier launch are badput;
-- *restart gaps*: from an earlier launch's last recorded moment to the next launch's start (the time a
-  preempted job waited, plus the unrecorded end of a launch that died);
-- *other*: what is left (logging, writing summaries, host work between steps outside the clocks).
-
-Productive seconds are training-clock seconds minus input waiting minus recomputed steps.
+- *recomputed steps*: resuming at step k after an earlier launch reached m > k (a crash, a lost
+  checkpoint) redoes k+1..m; their training seconds in the earlier launch are badput;
+- *restart gaps*: an earlier launch's last recorded moment to the next one's start (a preempted job's
+  wait, plus the unrecorded end of a launch that died);
+- *other*: the rest (logging, writing summaries, host work between steps outside the clocks).
 """
 
 from __future__ import annotations
@@ -38,10 +35,9 @@ class GoodputRecorder:
 
     Args:
       workdir: the run's workdir (its goodput.json holds the earlier launches).
-      start_step: the step this launch starts from (0, or the restored checkpoint's); None until it is
-        known (`started`): the launch is on record from its first moment, so one that dies in its set-up
-        still counts as a launch.
-      launch_start_wall: when this launch started (`time.time()` at the start of `train_and_evaluate`).
+      start_step: 0 or the restored checkpoint's step; None until known (`started`), so that a launch
+        that dies in its set-up is on record.
+      launch_start_wall: `time.time()` at the start of `train_and_evaluate`.
       write: whether this process writes goodput.json (process 0).
     """
 
@@ -49,8 +45,7 @@ class GoodputRecorder:
                  write: bool = True) -> None:
         self._path = workdir_lib.as_path(workdir) / GOODPUT_FILENAME
         self._write = write
-        # Every earlier launch of this workdir counts, from step 0 too: one that died before its first
-        # checkpoint trained steps this launch redoes.
+        # From step 0 too: a launch that died before its first checkpoint trained steps this one redoes.
         self.earlier = _read_launches(self._path)
         self.launch: dict[str, Any] = {
             "start_wall": launch_start_wall, "last_wall": launch_start_wall, "start_step": None,
@@ -66,13 +61,11 @@ class GoodputRecorder:
         self.record(start_step, {})  # A launch that dies before its first log point still counts.
 
     def forget(self) -> None:
-        """Takes this launch off the record: it turned out to have nothing to do (a finished run, a
-        refused config), so goodput.json stays as the earlier launches left it."""
+        """Takes this launch off the record: it had nothing to do (a finished run, a refused config)."""
         self._write_accounts(include_this_launch=False)
 
     def record(self, step: int, sec: Mapping[str, float], checkpoint: bool = False) -> None:
-        """Updates this launch's account at `step` (seconds so far by cause in this launch) and writes it;
-        `checkpoint` marks a checkpoint saved at `step`."""
+        """Writes this launch's account at `step` (its seconds so far by cause); `checkpoint`: saved there."""
         self.launch.update(last_wall=time.time(), last_step=int(step))
         self.launch["sec"] = {k: float(sec.get(k, 0.0)) for k in LAUNCH_BUCKETS}
         if checkpoint:

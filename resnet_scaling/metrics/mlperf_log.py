@@ -1,30 +1,21 @@
 """MLPerf Training logs and MLPerf's clock: `WORKDIR/mlperf_log.txt`, written with mlperf_logging's `mllog`.
 
-Every run writes one (process 0; other processes keep the same clock and write nothing), one `:::MLLOG
-{json}` line per event, which MLPerf's compliance checker reads:
+Process 0 writes one `:::MLLOG {json}` line per event (other processes keep the clock, write nothing), for
+MLPerf's compliance checker:
 `python -m mlperf_logging.compliance_checker --usage training --ruleset 4.0.0 WORKDIR/mlperf_log.txt`
 (ResNet's last round is 4.0.0; the checker's default ruleset has no ResNet rules and crashes on its logs).
 
-Where the trainer logs each event (docs/mlperf.md has the whole table):
+Events (docs/mlperf.md has the table; each method names its own): `init_start` and the keys once the run
+is set up, `init_stop` and `run_start` once the train step is compiled, blocks and epochs around steps,
+evaluations, and `run_stop` (`status`: success at or above `mlperf.target_top1`, else aborted): in MLPerf
+mode right at that evaluation, otherwise at the run's end or early stop (preemption, an error).
 
-- once the run is set up: `cache_clear` (value: `mlperf.caches_cleared`), `init_start` (timed at the
-  launch's first second), the `submission_*` keys and the recipe's (`hyperparameters`);
-- after the train step is compiled, before the loop: `init_stop`, `run_start`;
-- before a step: `block_start` after `run_start` or an evaluation (`first_epoch_num`, `epoch_count`),
-  `epoch_start` (`epoch_num`) when the step opens an epoch; after a step: `epoch_stop` when it ends one;
-- around an evaluation: `block_stop`, `eval_start`, `eval_stop`, `eval_accuracy` (`epoch_num` = images
-  seen / training examples);
-- `run_stop` (`status`: success at or above `mlperf.target_top1`, else aborted): in MLPerf mode right at
-  that evaluation; otherwise at the end of the run, or where it stops early (preemption, an error).
+Epochs count images seen: step s is in the epoch of its first image; an epoch stops after the step whose
+images reach its end. A block holds the steps between two evaluations (in MLPerf mode, whole epochs:
+`EvalSchedule`). Every value goes through `host_value`.
 
-Epochs are counted by images seen: the epoch of step s (1-based) holds its first image, `(s - 1) *
-batch // examples + 1`; an epoch stops after the step whose images reach its end. A block holds the steps
-between two evaluations; in MLPerf mode those fall after every `mlperf.eval_every_epochs`-th epoch
-(`EvalSchedule`), so blocks hold whole epochs. Values are host numbers: `host_value` turns NumPy and JAX
-scalars into Python ones (mllog cannot encode a `jax.Array` and drops that line) and refuses anything else.
-
-A resumed launch appends its own events (a second `init_start` ... `run_start`): MLPerf times a run without
-restarts, and the checker refuses such a log.
+A resumed launch appends a second `init_start` ... `run_start`: the checker refuses such a log (MLPerf
+times a run without restarts).
 """
 
 from __future__ import annotations
@@ -58,8 +49,7 @@ _PACKAGE_ROOT = str(pathlib.Path(__file__).resolve().parents[2])  # Trimmed from
 def host_value(value: Any) -> Any:
     """`value` as JSON-able host data: Python scalars, strings, None, and lists and dicts of them.
 
-    NumPy and JAX scalars (0-d arrays) become Python numbers; mllog cannot encode a `jax.Array` and would
-    drop its line.
+    NumPy and JAX scalars (0-d arrays) become Python numbers: mllog drops a line holding a `jax.Array`.
 
     Raises:
       TypeError: for an array with elements or another object.
@@ -131,10 +121,9 @@ def _warmup_epochs(config: ml_collections.ConfigDict, plan: plan_lib.TrainingPla
 def hyperparameters(config: ml_collections.ConfigDict, plan: plan_lib.TrainingPlan) -> dict[str, Any]:
     """The run's MLPerf keys besides the submission's, as the recipe sets them.
 
-    `opt_name` is `optimizer.name`; "lars" and "optax_lars" log the eight `lars_*` keys of MLPerf's LARS
-    rules, "sgd" the `sgd_*` ones with `opt_learning_rate_warmup_epochs`. A schedule without a
-    polynomial decay logs no `*_decay_poly_power`, and one without an end learning rate (piecewise,
-    constant) no `*_end_learning_rate`: the checker then says the run is not MLPerf's recipe.
+    "lars" and "optax_lars" log the eight `lars_*` keys of MLPerf's LARS rules, "sgd" the `sgd_*` ones
+    with `opt_learning_rate_warmup_epochs`. No `*_decay_poly_power` without a polynomial decay, and no
+    `*_end_learning_rate` for piecewise or constant: the checker then says the run is not MLPerf's recipe.
     """
     o, s = config.optimizer, config.schedule
     keys: dict[str, Any] = {
@@ -165,9 +154,8 @@ def hyperparameters(config: ml_collections.ConfigDict, plan: plan_lib.TrainingPl
 
 
 class _Sink(logging.Handler):
-    """mllog's lines into the log file, after what earlier launches wrote: appended to a local file (opened
-    per line, so nothing is left open if the run fails), the whole object rewritten on an object store (a
-    few hundred lines per run). mllog's own warnings go to this module's logger."""
+    """mllog's lines after earlier launches' (its warnings to this module's logger): a local file is opened
+    per line (nothing left open if the run fails); an object is rewritten whole (a few hundred lines/run)."""
 
     def __init__(self, path: epath.Path) -> None:
         super().__init__(logging.INFO)
@@ -189,11 +177,7 @@ class _Sink(logging.Handler):
 
 
 class MLPerfLog:
-    """One launch's MLPerf log and MLPerf's clock (run_start to run_stop, in the log's own milliseconds).
-
-    The trainer calls the methods at the points of the loop they name; `summary()` gives the summary's
-    `mlperf` section. With `write=False` (processes other than 0) nothing is written, the clock still runs.
-    """
+    """One launch's MLPerf log and MLPerf's clock (run_start to run_stop, in the log's own milliseconds)."""
 
     def __init__(self, workdir: str, config: ml_collections.ConfigDict, plan: plan_lib.TrainingPlan,
                  schedule: EvalSchedule, *, write: bool, start_step: int = 0) -> None:
@@ -318,9 +302,8 @@ class MLPerfLog:
         return (self._ms[last] - self._ms[first]) / 1000.0
 
     def summary(self) -> dict[str, Any]:
-        """The summary's `mlperf` section (metrics/summary.py): MLPerf's time-to-train is run_start to the
-        first evaluation at or above the target (MLPerf mode's run_stop), in the log's milliseconds; None
-        for a resumed launch, whose log holds two runs."""
+        """The summary's `mlperf` section (metrics/summary.py); time-to-train (run_start to the first
+        evaluation at or above the target) is None for a resumed launch, whose log holds two runs."""
         resumed = self._start_step > 0
         return {
             "mode": "mlperf" if self._mode else "case_study",

@@ -1,16 +1,13 @@
 """A `jax.profiler` trace of a window of training steps, written where TensorBoard's profile plugin looks.
 
 `config.training.profile_steps = (first, last)` traces steps first..last (inclusive; (0, 0): off) into
-WORKDIR/tensorboard/plugins/profile/<time>/, so `tensorboard --logdir WORKDIR/tensorboard` shows it under
-"Profile" beside the scalars. The window's last step is waited for before the trace stops, so the trace
-holds its device work; those steps also count on the training clock, so leave the window out of a
-throughput measurement (or keep it short).
+WORKDIR/tensorboard/plugins/profile/<time>/ (the "Profile" tab of `tensorboard --logdir WORKDIR/tensorboard`).
+The window is on the training clock: keep it out of (or short in) a throughput measurement.
 
-Why not clu's `periodic_actions.Profile` (clu 0.0.12), as the flax example uses: it is called after a step,
-stops once its step count and a minimum duration (3 s by default) have both passed, without waiting for the
-device, so with asynchronous dispatch the trace can end before the window's last steps have run; and
-importing `clu.periodic_actions` imports TensorFlow, which a run on arrays or synthetic data never needs
-otherwise (and the GPU image has neither).
+Not clu's `periodic_actions.Profile` (clu 0.0.12, the flax example's): it stops once its step count and a
+minimum duration (3 s default) have passed, without waiting for the device, so with asynchronous dispatch
+the trace can miss the window's last steps; and `clu.periodic_actions` imports TensorFlow, which runs on
+arrays or synthetic data never need otherwise (the GPU image has neither).
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""The run's time accounting in one object: the training clock, the steady state, time-to-accuracy, the
-seconds spent evaluating and checkpointing, and the wall time of the training loop over every launch.
+"""Time accounting: training clock, steady state, time-to-accuracy, eval/checkpoint seconds, loop wall time.
 
-The host dispatches steps ahead of the device, so "the host reached the evaluation" is not "the device
-finished training": `pause(wait_for=state)` blocks until the device has caught up before it stops the
-training clock (as big_vision's `chrono.pause(wait_for=...)`), so that device time of training steps is
-never counted as evaluation or checkpoint time. Steps themselves keep overlapping with the host: nothing
-waits per step.
-
-Its `state_dict()` goes into every checkpoint and a resumed run starts from it, so that the totals
-survive restarts. Given the launch's `GoodputRecorder`, it writes the goodput account at each event it
-sees: a log interval's end, the end of a paused block (an evaluation, a checkpoint) and `record`.
+The host dispatches steps ahead of the device, so `pause(wait_for=state)` waits for the device before it
+stops the training clock (as big_vision's `chrono.pause(wait_for=...)`): training steps' device time never
+counts as evaluation or checkpoint time. Nothing waits per step. Checkpointed (`state_dict()`), totals
+survive restarts; given a `GoodputRecorder`, each interval's and paused block's end writes its account.
 """
 
 from __future__ import annotations
@@ -36,8 +30,8 @@ class RunClock:
       steady: the steady-state throughput after the timing warm-up.
       time_to_accuracy: when the target top-1 was first reached.
       eval_sec, checkpoint_sec: seconds spent evaluating and saving, over every launch.
-      mlperf_stop_step: the step after which an MLPerf-mode run reached MLPerf's target and stopped (None
-        before): a launch resumed from that checkpoint has nothing left to train.
+      mlperf_stop_step: where an MLPerf-mode run hit the target and stopped (None before); a launch
+        resumed from there has nothing left to train.
     """
 
     def __init__(self, global_batch_size: int, timing_warmup_steps: int, target_top1: float,
@@ -62,8 +56,7 @@ class RunClock:
         self._loop_start: float | None = None
 
     def start(self, compile_sec: float = 0.0) -> None:
-        """Starts the wall clock and the training clock: the training loop begins. This launch's time
-        before it, less `compile_sec`, was initialisation."""
+        """Starts the loop's wall and training clocks; time before, less `compile_sec`, was initialisation."""
         self._loop_start = time.perf_counter()
         self._launch_compile_sec = compile_sec
         self._launch_init_sec = max(0.0, time.time() - self._launch_start_wall - compile_sec)
@@ -79,8 +72,7 @@ class RunClock:
         return batch
 
     def launch_sec(self) -> dict[str, float]:
-        """This launch's seconds by cause so far (for goodput): initialization, compilation, training
-        (the training clock, input waiting included), input_wait, evaluation, checkpointing."""
+        """This launch's seconds by cause so far, for goodput (`training` includes input waiting)."""
         return {"initialization": self._launch_init_sec, "compilation": self._launch_compile_sec,
                 "training": self.timer.read_total_sec() - self._saved["train_sec"],
                 "input_wait": self._launch_input_wait_sec,
@@ -88,16 +80,14 @@ class RunClock:
                 "checkpointing": self.checkpoint_sec - self._saved["checkpoint_sec"]}
 
     def step_dispatched(self, step: int, outputs: Any) -> None:
-        """Counts step `step`, dispatched to the device. After the timing warm-up's last step it waits once
-        for the device (`outputs`, the step's results), where the timed region starts."""
+        """Counts a dispatched step; at the warm-up's last, waits once for `outputs`: timed region starts."""
         self.timer.count()
         if step == self.steady.warmup_steps:
             jax.block_until_ready(outputs)
             self.steady.end_warmup(self.timer.read_total_sec())
 
     def end_interval(self, first_step: int, step: int) -> dict[str, float]:
-        """Closes the log interval of steps `first_step` to `step`: its timing record (`sec_per_step`,
-        `images_per_sec`), which the steady state also counts."""
+        """Closes the log interval `first_step`..`step`: its timing record, which the steady state counts."""
         record = self.timer.read_and_reset()
         self.steady.add_interval(first_step, step, record.get("sec_per_step"))
         self.record(step)
@@ -105,9 +95,8 @@ class RunClock:
 
     @contextlib.contextmanager
     def paused(self, wait_for: Any, step: int, checkpoint: bool = False) -> Iterator[None]:
-        """The block off the training clock, counted as evaluation or, with `checkpoint`, checkpointing:
-        `pause(wait_for)`, the block's seconds, the goodput account at `step`, then `resume`. An exception
-        leaves the clock paused: the loop is over."""
+        """The block off the training clock, counted as evaluation or (`checkpoint`) checkpointing, then the
+        goodput account at `step`. An exception leaves the clock paused: the loop is over."""
         self.pause(wait_for)
         start = time.perf_counter()
         yield
@@ -120,13 +109,11 @@ class RunClock:
         self.resume()
 
     def evaluated(self, step: int, epoch: float, top1: float) -> bool:
-        """Counts an evaluation's top-1 towards the time to the target accuracy; True when it is the first
-        to reach the target."""
+        """Counts an evaluation's top-1 towards time-to-accuracy; True if it first reaches the target."""
         return self.time_to_accuracy.update(step, epoch, top1, self.timed_sec(), self.wall_sec())
 
     def record(self, step: int, checkpoint: bool = False) -> None:
-        """Writes this launch's goodput account at `step` (its seconds so far by cause), if a recorder was
-        given; `checkpoint` marks a checkpoint saved at `step`."""
+        """Writes this launch's goodput account at `step` (if given a recorder); `checkpoint`: saved there."""
         if self._goodput is not None:
             self._goodput.record(step, self.launch_sec(), checkpoint=checkpoint)
 
@@ -139,8 +126,7 @@ class RunClock:
         return self.steady.summary(final_step, self.timer.total_sec)
 
     def pause(self, wait_for: Any = None) -> None:
-        """Stops the training clock once the device has finished the work `wait_for` depends on (the
-        train state): before evaluating, checkpointing and at the end."""
+        """Stops the training clock once the device has done the work `wait_for` (the state) depends on."""
         if wait_for is not None:
             jax.block_until_ready(wait_for)
         self.timer.pause()

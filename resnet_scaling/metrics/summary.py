@@ -1,35 +1,18 @@
 """`summary.json`: the headline figures of a run and its config, written at the end of every run.
 
-Schema (version `SUMMARY_SCHEMA_VERSION`; seconds, images and FLOPs as plain numbers, None as null where
-a figure is unknown: no timed region, no evaluation reached the target, no published peak):
+Keys and types: `SUMMARY_SCHEMA`, plus `schema_version` and `config` (`config.to_dict()`). Figures are
+plain numbers, null where unknown (no timed region, target not reached, no published peak). Meanings:
 
-- `schema_version` (int)
-- `run`: `devices`, `device_kind`, `platform`, `process_count`, `global_batch_size`,
-  `per_device_batch_size`, `steps_per_epoch`, `start_step`, `final_step`, `total_steps`,
-  `timing_warmup_steps`, `preempted`
-- `throughput`: `images_per_sec` and `images_per_sec_per_device` (steady state: after the warm-up, with
-  compile, evaluation and checkpoints off the clock), `steady_state_steps`, `steady_state_sec`,
-  `step_time_sec_p50` / `_p90` / `_p99` (over log intervals after the warm-up), `input_wait_fraction`
-- `time`: `compile_sec`, `train_sec` (the whole training clock, warm-up included), `eval_sec`,
-  `checkpoint_sec`, `wall_sec` (the training loop's wall time, everything included)
-- `accuracy`: `target_top1`, `reached`, `time_to_accuracy_sec` (the case study's timed region),
-  `mlperf_time_to_accuracy_sec` (the training loop's wall clock, evaluation included, over every launch;
-  `mlperf.time_to_train_sec` is MLPerf's own, from its log), `epochs_to_accuracy`,
-  `steps_to_accuracy`, `final_eval_top1`, `best_eval_top1`, `num_evals`
-- `utilisation`: `flops_per_step`, `flops_per_step_per_device`, `tflops_per_sec_per_device`,
-  `peak_tflops_per_device`, `mfu`
-- `goodput` (over every launch of the run, `metrics/goodput.py`; null where a producer has none):
-  `total_wall_sec`, `productive_sec`, `goodput` (their ratio), `launches`, `recomputed_steps`, and the
-  badput by cause: `initialization_sec`, `compilation_sec`, `input_wait_sec`, `evaluation_sec`,
-  `checkpointing_sec`, `recomputed_steps_sec`, `restart_gaps_sec`, `other_sec`
-- `mlperf` (this launch's WORKDIR/mlperf_log.txt on the log's own clock, `metrics/mlperf_log.py`; null
-  where a producer has none): `mode` ("mlperf" or "case_study"), `log_file`, `target_top1`
-  (`mlperf.target_top1`), `status` (run_stop's: "success" or "aborted"), `time_to_train_sec` (MLPerf's
-  time-to-train: run_start to the first evaluation at or above the target, where MLPerf mode logs
-  run_stop; null if none reached it or the launch resumed), `epochs_to_target` (that evaluation's
-  `epoch_num`: images seen / training examples), `run_sec` (run_start to run_stop), `init_sec`
-  (init_start to init_stop), `resumed`
-- `config`: the run's config (`config.to_dict()`)
+- `throughput`: steady state (after the warm-up; compile, evaluation and checkpoints off the clock);
+  step-time percentiles over log intervals after the warm-up.
+- `time`: `train_sec` is the whole training clock (warm-up included), `wall_sec` the loop's wall time.
+- `accuracy`: `time_to_accuracy_sec` on the case study's timed region; `mlperf_time_to_accuracy_sec` on the
+  loop's wall clock over every launch (`mlperf.time_to_train_sec`: MLPerf's own, from its log).
+- `goodput` (`metrics/goodput.py`): over every launch; `goodput` is `productive_sec / total_wall_sec`,
+  the `*_sec` besides them badput by cause.
+- `mlperf` (`metrics/mlperf_log.py`): this launch's WORKDIR/mlperf_log.txt on the log's own clock;
+  `time_to_train_sec` is run_start to the first evaluation at or above `target_top1` (MLPerf mode's
+  run_stop; null if none or the launch resumed), `epochs_to_target` that evaluation's `epoch_num`.
 """
 
 from __future__ import annotations
@@ -46,8 +29,7 @@ from resnet_scaling.resilience import workdir as workdir_lib
 SUMMARY_SCHEMA_VERSION = 3  # 2: the goodput section; 3: the mlperf section.
 SUMMARY_FILENAME = "summary.json"
 
-# Each section's keys and the JSON types a value may take (None: null allowed); read-only proxies, so no
-# caller can change the schema at run time. `check_summary` tests written summaries against it.
+# Each section's keys and the JSON types a value may take (None: null); read-only, so no caller changes it.
 _NUM = (int, float)
 _SCHEMA = {
     "run": {"devices": (int,), "device_kind": (str,), "platform": (str,), "process_count": (int,),
@@ -87,8 +69,7 @@ def build_summary(*, run: Mapping[str, Any], throughput: Mapping[str, Any], time
                   mlperf: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Assembles a summary from its sections, keeping only the schema's keys (so it cannot drift).
 
-    `goodput` and `mlperf` may be left out by producers that have no launch history or MLPerf log
-    (fixtures, other tools): their figures are then null.
+    `goodput` and `mlperf` may be left out (no launch history or MLPerf log: fixtures, other tools): null.
 
     Raises:
       KeyError: if a section lacks a key of the schema.

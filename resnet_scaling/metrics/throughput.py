@@ -1,9 +1,7 @@
 """Throughput on a training clock that skips compile, evaluation and checkpoints; the steady state.
 
-The case study measured steady-state training: the clock starts after a warm-up (the first epoch, or
-`training.timing_warmup_*`), and compile, evaluation and checkpoint time stay off it. Step-time
-percentiles come from the log intervals (the mean sec/step between two log points), because timing single
-steps would need a host-device sync per step.
+The case study's steady state starts after a warm-up (the first epoch, or `training.timing_warmup_*`).
+Step-time percentiles are over log intervals' mean sec/step: timing single steps needs a sync per step.
 """
 
 from __future__ import annotations
@@ -18,8 +16,7 @@ import numpy as np
 class ThroughputTimer:
     """Images/sec between log points, from a clock that the caller pauses around evaluation and saves.
 
-    `total_sec` keeps the whole training time (it is saved in checkpoints, so it survives restarts).
-    `clock` is injectable so tests can drive it; the trainer uses `time.perf_counter`.
+    `total_sec`: all training time (checkpointed, so it survives restarts); `clock`: injectable for tests.
     """
 
     def __init__(self, images_per_step: int, total_sec: float = 0.0,
@@ -71,10 +68,7 @@ class ThroughputTimer:
 class SteadyStateThroughput:
     """Steady-state figures of a run: images/sec after the warm-up, step-time percentiles, input wait.
 
-    The trainer tells it when the warm-up ends (`end_warmup`, at a point where the device has caught up),
-    each log interval's sec/step (`add_interval`) and the host seconds spent in `next(batches)`
-    (`add_input_wait`). Its state is JSON-able and saved with the checkpoint's clocks, so the figures
-    cover the whole run across restarts.
+    `end_warmup` comes where the device has caught up; checkpointed, the figures span restarts.
 
     Args:
       images_per_step: the global batch size.
@@ -117,9 +111,7 @@ class SteadyStateThroughput:
         """Steady-state figures at `final_step`, with `train_sec` the training clock's total.
 
         Returns:
-          steady_state_steps, steady_state_sec, images_per_sec (None without a timed region),
-          step_time_sec_p50/p90/p99 (None without a whole log interval after the warm-up),
-          input_wait_fraction (host time in `next(batches)` over timed seconds).
+          The figures; None without a timed region, percentiles None without a whole interval after it.
         """
         steps = max(0, final_step - self.warmup_steps)
         seconds = self.timed_sec(train_sec)

@@ -1,9 +1,8 @@
 """Utilisation: achieved TFLOP/s per device and MFU, from a step's FLOPs and its measured time.
 
-MFU (model FLOPs utilisation) is achieved FLOP/s over the device's dense peak in its fastest
-16-bit format (bfloat16, or float16 on V100; the table is in hardware.py), as MaxText reports it; a
-float32 run is measured against that same peak. The FLOPs are XLA's count of the compiled step
-(forward, backward and optimizer), not an analytic model count, so rematerialisation would count too.
+MFU (as MaxText reports it): achieved FLOP/s over the device's dense peak in its fastest 16-bit format
+(bfloat16, or float16 on V100; hardware.py's table), float32 runs too. FLOPs are XLA's count of the
+compiled step (forward, backward, optimizer), not an analytic model count: rematerialisation counts too.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ def utilisation(flops_per_step_per_device: float | None, sec_per_step: float | N
     Args:
       flops_per_step_per_device: from `compiled.flops_per_device(compiled_step)`.
       sec_per_step: steady-state seconds per training step.
-      num_devices: devices running the step (the step's FLOPs are per-device FLOPs x devices).
+      num_devices: devices running the step.
       device_kind: `jax.Device.device_kind`, for the peak table.
       measured_peak_tflops: a measured peak per device (CPUs), overriding the table.
     """

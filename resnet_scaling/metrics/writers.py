@@ -18,9 +18,8 @@ logger = logging.getLogger(__name__)
 class JsonLinesWriter:
     """Appends one JSON object per write to `path` (for machines; one line per step logged).
 
-    A run that resumes from the checkpoint of step k redoes the steps after k: `resume_step=k` first drops
-    the records of those steps that an earlier launch wrote, so that every step has one record. Works on
-    local disks and object stores (`gs://`; there each write rewrites the object, which is small).
+    `resume_step=k` drops earlier records of steps after k (a resumed run redoes them): one record a step.
+    On object stores (`gs://`) each write rewrites the (small) object.
     """
 
     def __init__(self, path: str | os.PathLike[str], resume_step: int | None = None) -> None:
@@ -65,11 +64,7 @@ def _step_of(line: str) -> float:
 
 
 class TensorBoardWriter:
-    """Scalars as TensorBoard event files through clu (imported lazily: it pulls in TensorFlow).
-
-    Tags are grouped: evaluation records (`eval_top1`, ...) as `eval/top1`, training records as
-    `train/loss`, ...; bookkeeping values (`step`, `eval_count`) are not plotted.
-    """
+    """Scalars as TensorBoard event files through clu (imported lazily: it pulls in TensorFlow)."""
 
     NOT_PLOTTED = ("step", "eval_count")
 
@@ -101,9 +96,8 @@ class TensorBoardWriter:
 class MetricWriters:
     """Fans each record out to JSON lines and, where clu and TensorBoard are installed, event files.
 
-    Not clu's `MultiWriter` (clu 0.0.12): importing anything from `clu.metric_writers` imports TensorFlow,
-    and the JSON-lines writer must work without it (runs on arrays or synthetic data, the GPU image); clu
-    is imported only for the TensorBoard writer, lazily.
+    Not clu's `MultiWriter` (clu 0.0.12): `clu.metric_writers` imports TensorFlow, which JSON lines must
+    not need (runs on arrays or synthetic data, the GPU image).
     """
 
     def __init__(self, workdir: str, tensorboard: bool = True, config_text: str | None = None,
