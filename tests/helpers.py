@@ -3,7 +3,7 @@
 import contextlib
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
@@ -106,6 +106,13 @@ def users_compile(env: dict[str, str]) -> dict[str, str]:
     """`env` for a launch that compiles as a user's run does: XLA's default optimisations, not the suite's
     fast compiles (tests/conftest.py), for launches that time compiling or measure a step's memory."""
     return {k: v for k, v in env.items() if k != "JAX_DISABLE_MOST_OPTIMIZATIONS"}
+
+
+def without_suite_cache(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` without the suite's shared compilation cache (tests/conftest.py): a launch then uses the
+    command line's own cache, in its workdir, as a user's run does."""
+    suite_cache = ("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE")
+    return {k: v for k, v in env.items() if not k.startswith(suite_cache)}
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from resnet_scaling import trainer
-from tests.helpers import random_arrays, tiny_config, users_compile
+from tests.helpers import random_arrays, tiny_config, users_compile, without_suite_cache
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -33,8 +33,7 @@ def test_the_demo_command_learns_from_jpeg_files_and_prints_under_60_lines_endin
     command = [sys.executable, "-m", "resnet_scaling.train", "--config=demo", f"--workdir={workdir}",
                f"--config.data.cache_dir={cache}"]
     # Compiled as a user's run is, with the workdir's compilation cache (not the suite's).
-    env = {k: v for k, v in users_compile(_cli_env()).items()
-           if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
+    env = without_suite_cache(users_compile(_cli_env()))
     start = time.perf_counter()
     proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     test_wall_sec = time.perf_counter() - start  # Measured here, apart from the trainer's clocks.

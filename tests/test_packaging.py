@@ -32,7 +32,7 @@ from packaging.utils import canonicalize_name
 from resnet_scaling import checkpointing, metrics
 from tests import slurm_cluster
 from tests.gcs_emulator import gcs_emulator
-from tests.helpers import launch_xla_flags
+from tests.helpers import launch_xla_flags, without_suite_cache
 from tests.image_files import write_ilsvrc_tars
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -160,8 +160,7 @@ def test_the_wheel_with_only_its_declared_dependencies_runs_the_demo_on_a_gs_wor
     elsewhere.mkdir()
     # Not the suite's shared compilation cache (its size limit needs filelock, a test dependency): the
     # command line's own, in the workdir.
-    env = {**{k: v for k, v in os.environ.items()
-              if k != "PYTHONPATH" and not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))},
+    env = {**without_suite_cache({k: v for k, v in os.environ.items() if k != "PYTHONPATH"}),
            "XLA_FLAGS": launch_xla_flags()}
     where = _run([str(python), "-c", "import resnet_scaling, resnet_scaling.configs as c; "
                   "print(resnet_scaling.__file__); print(c.__file__)"], cwd=elsewhere, env=env).stdout
