@@ -201,7 +201,7 @@ class TrainingPlan:
       checkpoint_every_steps: steps between checkpoints (0: only at the end and on preemption).
       log_every_steps: steps between fetches of the training metrics from the device.
       timing_warmup_steps: steps before the timed region (steady-state throughput, time-to-accuracy).
-      warmup_exact_steps: the warm-up's fractional length, until which the LR rises; None: `warmup_steps`.
+      warmup_exact_steps: the warm-up's fractional length, until which the LR rises.
     """
 
     batch: BatchPlan
@@ -216,11 +216,7 @@ class TrainingPlan:
     checkpoint_every_steps: int
     log_every_steps: int
     timing_warmup_steps: int
-    warmup_exact_steps: float | None = None
-
-    def __post_init__(self):
-        if self.warmup_exact_steps is None:
-            object.__setattr__(self, "warmup_exact_steps", float(self.warmup_steps))
+    warmup_exact_steps: float
 
     @property
     def global_batch_size(self) -> int:

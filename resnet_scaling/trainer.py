@@ -194,14 +194,10 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
     mlperf_mode = bool(config.mlperf.enabled)
     mlperf, schedule, last_step = _open_mlperf_log(run, workdir, clock, start_step, launch_start_wall, log,
                                                    write=is_writer)
-    if mlperf_mode:
-        # MLPerf: no training data before run_start; the step compiles on the batch's shapes.
-        batches, batch = None, None
-        train_step_fn, compile_sec = run.compile_train_step(state)
-    else:
-        batches = source.train_batches(start_step=start_step)
-        batch = next(batches)
-        train_step_fn, compile_sec = run.compile_train_step(state, batch)
+    # MLPerf: no training data before run_start; the step compiles on the batch's shapes.
+    batches = None if mlperf_mode else source.train_batches(start_step=start_step)
+    batch = None if batches is None else next(batches)
+    train_step_fn, compile_sec = run.compile_train_step(state, batch)
     _log_compiled(log, train_step_fn, compile_sec)
     result = TrainResult(state=state, plan=plan, train_history=[], eval_history=[], compile_sec=compile_sec,
                          start_step=start_step)

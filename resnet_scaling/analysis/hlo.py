@@ -86,21 +86,14 @@ def _operand_names(args: str) -> list[str]:
     return re.findall(r"%([\w.\-]+)", args[:end])
 
 
-def _group_size(attributes: str, num_devices: int | None) -> int:
-    """Devices per replica group, from any of the printed forms of `replica_groups`."""
-    if match := re.search(r"replica_groups=\[(\d+),(\d+)\]<=", attributes):  # iota: [groups, size]
-        return int(match[2])
-    if match := re.search(r"replica_groups=\{\{([\d,]*)\}", attributes):  # explicit lists
-        return len(match[1].split(","))
-    if match := re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attributes):  # named axes
-        sizes = dict(re.findall(r"'([^']+)'=(\d+)", match[1]))
-        axes = re.findall(r"'([^']+)'", match[2])
-        return math.prod(int(sizes[a]) for a in axes)
+def _group_size(attributes: str, num_devices: int | None, groups: tuple[tuple[int, ...], ...]) -> int:
+    """Devices per replica group: the first of `groups` (`_replica_groups`), else every device for
+    `replica_groups={}`, 2 for a permute's pairs; -1 when unknown."""
+    if groups:
+        return len(groups[0])
     if re.search(r"replica_groups=\{\}", attributes) and num_devices:  # one group of every device
         return num_devices
-    if "source_target_pairs" in attributes:
-        return 2
-    return -1
+    return 2 if "source_target_pairs" in attributes else -1
 
 
 def _replica_groups(attributes: str) -> tuple[tuple[int, ...], ...]:
@@ -172,7 +165,8 @@ def find_collectives(hlo_text: str, num_devices: int | None = None) -> list[Coll
             group_size = len(target[1].split(",")) if target else -1
             replica_groups = ()
         else:
-            group_size, replica_groups = _group_size(rest, num_devices), _replica_groups(rest)
+            replica_groups = _replica_groups(rest)
+            group_size = _group_size(rest, num_devices, replica_groups)
         collectives.append(Collective(kind, name, tuple(operand_shapes), num_elements, num_bytes,
                                       group_size, replica_groups, over_dcn))
     return collectives

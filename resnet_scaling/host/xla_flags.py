@@ -30,13 +30,9 @@ GPU_FLAGS = (
 )
 
 
-def throughput_env(backend: str) -> dict[str, str]:
-    """The environment variables to add for `backend` ("tpu", "gpu" or "cpu"), before merging."""
-    if backend == "tpu":
-        return {"LIBTPU_INIT_ARGS": " ".join(TPU_FLAGS)}
-    if backend == "gpu":
-        return {"XLA_FLAGS": " ".join(GPU_FLAGS)}
-    return {}
+# The environment variables each backend gains, before merging; none on the CPU.
+_THROUGHPUT_ENV = {"tpu": {"LIBTPU_INIT_ARGS": " ".join(TPU_FLAGS)},
+                   "gpu": {"XLA_FLAGS": " ".join(GPU_FLAGS)}}
 
 
 def detect_backend(env: Mapping[str, str] | None = None, dev_dir: str = "/dev") -> str:
@@ -94,14 +90,15 @@ def _flag_name(flag: str) -> str:
 
 def apply_throughput_flags(backend: str | None = None, env: MutableMapping[str, str] | None = None
                            ) -> dict[str, str]:
-    """Merges `throughput_env(backend)` into `env` (default os.environ) without overriding the user.
+    """Merges `backend`'s flags (`TPU_FLAGS`, `GPU_FLAGS`) into `env` (default os.environ) without
+    overriding the user.
 
     Flag lists (XLA_FLAGS, LIBTPU_INIT_ARGS) gain only the flags whose names they lack. Returns what was
     added."""
     env = os.environ if env is None else env
     backend = backend or detect_backend(env)
     added: dict[str, str] = {}
-    for name, value in throughput_env(backend).items():
+    for name, value in _THROUGHPUT_ENV.get(backend, {}).items():
         present = {_flag_name(f) for f in env.get(name, "").split()}
         new = [f for f in value.split() if _flag_name(f) not in present]
         if new:
