@@ -11,6 +11,7 @@ parameters in best/<step>/; `load_exported` still reads it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -23,6 +24,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+from flax import traverse_util
 from jax.experimental import multihost_utils
 
 from resnet_scaling.errors import RunError
@@ -103,29 +105,13 @@ def _read_meta(step_directory: epath.Path) -> dict[str, Any]:
 
 def config_fingerprint(config: ml_collections.ConfigDict) -> dict[str, Any]:
     """The values of `COMPATIBILITY_FIELDS` in `config`."""
-    fingerprint = {}
-    for field in COMPATIBILITY_FIELDS:
-        value: Any = config
-        for part in field.split("."):
-            value = value[part]
-        fingerprint[field] = value
-    return fingerprint
-
-
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
+    return {field: config[field] for field in COMPATIBILITY_FIELDS}  # ConfigDict reads dotted keys.
 
 
 def changed_on_resume(saved_config: dict[str, Any], config: ml_collections.ConfigDict) -> dict[str, Any]:
     """`{field: [checkpoint's value, config's value]}` for the `NOTABLE_FIELDS_ON_RESUME` that differ."""
-    saved = _flatten(json.loads(json.dumps(saved_config, default=str)))
-    current = _flatten(json.loads(config.to_json_best_effort()))
+    saved = traverse_util.flatten_dict(json.loads(json.dumps(saved_config, default=str)), sep=".")
+    current = traverse_util.flatten_dict(json.loads(config.to_json_best_effort()), sep=".")
     notable = [k for k in current if any(k == f or k.startswith(f + ".") for f in NOTABLE_FIELDS_ON_RESUME)]
     return {k: [saved.get(k), current[k]] for k in notable if k in saved and saved[k] != current[k]}
 
@@ -217,11 +203,7 @@ class Checkpointer:
         """
         self.check_saves()
         if self.last_started_step is not None:
-            # orbax's save() first waits for the previous one: name that one's failure as its own.
-            try:
-                self._manager.wait_until_finished()
-            except Exception as e:  # noqa: BLE001
-                raise self._save_error(self.last_started_step, e) from e
+            self.wait()  # orbax's save() first waits for the previous one: name its failure as its own.
             self.check_saves()
         meta = {"step": int(step), "config": config_fingerprint(self._config), "clock": clock,
                 "run_config": json.loads(self._config.to_json_best_effort()),
@@ -399,10 +381,7 @@ _TENSORSTORE_CAUSES = {"DATA_LOSS": "a file is truncated or corrupt", "OUT_OF_RA
 def describe_checkpoint_error(error: BaseException) -> str:
     """A one-line cause for an unreadable checkpoint instead of TensorStore's many-line dump: the meaning of
     the status code along the exception's chain, then the innermost error's first line."""
-    chain, current = [], error
-    while current is not None and current not in chain and len(chain) < 20:
-        chain.append(current)
-        current = current.__cause__ or current.__context__
+    chain = list(itertools.islice(workdir_lib.exception_chain(error), 20))
     cause = next((meaning for e in chain for code, meaning in _TENSORSTORE_CAUSES.items() if code in str(e)),
                  None)
     innermost = chain[-1]

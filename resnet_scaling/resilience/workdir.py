@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from etils import epath
@@ -158,25 +159,25 @@ def read_json(path: str | os.PathLike[str], consequence: str) -> Any | None:
 STORAGE_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
 
 
-def is_storage_full(error: BaseException) -> bool:
-    """Whether `error` or one along its chain of causes says the storage is full, over quota or read-only."""
+def exception_chain(error: BaseException) -> Iterator[BaseException]:
+    """`error`, then its causes (`__cause__`, else `__context__`), each once."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in STORAGE_FULL_ERRNOS:
-            return True
+        yield current
         current = current.__cause__ or current.__context__
-    return False
+
+
+def is_storage_full(error: BaseException) -> bool:
+    """Whether `error` or one along its chain of causes says the storage is full, over quota or read-only."""
+    return any(isinstance(e, OSError) and e.errno in STORAGE_FULL_ERRNOS for e in exception_chain(error))
 
 
 def describe_os_error(error: BaseException) -> str:
     """The root cause of an I/O failure in a few words ("No space left on device", ...), found along the
     exception's chain of causes (orbax and TensorStore wrap the OSError several levels deep)."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in exception_chain(error):
         if isinstance(current, OSError) and current.errno:
             name = errno.errorcode.get(current.errno, current.errno)
             return f"{current.strerror or os.strerror(current.errno)} ({name})"
@@ -184,7 +185,6 @@ def describe_os_error(error: BaseException) -> str:
         for code in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EFBIG):
             if os.strerror(code).lower() in text.lower():
                 return os.strerror(code)
-        current = current.__cause__ or current.__context__
     first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return first_line[:300]
 
