@@ -95,7 +95,9 @@ def main(argv: list[str]) -> None:
 def load_config() -> ml_collections.ConfigDict:
     """The `--config` file with its overrides, or one `error:` line (ml_collections: chained tracebacks)."""
     try:
-        return _CONFIG.value
+        config = _CONFIG.value
+        config.keys()  # ml_collections defers a failed get_config() to the config's first use.
+        return config
     except OSError as e:  # the file is missing or does not load
         shipped = ", ".join(config_lib.shipped_config_names())
         raise SystemExit(f"error: cannot load the config file given by --config ({_config_load_cause(e)}). "
@@ -103,12 +105,8 @@ def load_config() -> ml_collections.ConfigDict:
 
 
 def _config_load_cause(error: BaseException) -> str:
-    current: BaseException | None = error
-    while current is not None:
-        if isinstance(current, FileNotFoundError):
-            return f"no such file: {current.filename}"
-        current = current.__cause__ or current.__context__
-    return str(error).splitlines()[0]
+    missing = next((e for e in workdir_lib.exception_chain(error) if isinstance(e, FileNotFoundError)), None)
+    return f"no such file: {missing.filename}" if missing else str(error).splitlines()[0]
 
 
 def compilation_cache_dir(config: ml_collections.ConfigDict, workdir: str) -> str | None:

@@ -43,6 +43,17 @@ def test_print_config_prints_the_overridden_config_and_exits_without_a_workdir(t
     assert "Step " not in proc.stdout + proc.stderr and list(tmp_path.iterdir()) == []  # Nothing trained.
 
 
+
+def test_a_config_file_that_fails_to_load_a_file_is_one_error_line_naming_it(tmp_path):
+    (tmp_path / "reads_a_file.py").write_text(
+        "def get_config():\n    return open('labels_that_are_not_here.txt').read()\n")
+    proc = _run(["-m", "resnet_scaling.train", f"--config={tmp_path / 'reads_a_file.py'}", "--print_config"],
+                tmp_path)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "error: cannot load the config file given by --config (no such file: labels_that_are_not_here.txt)")
+
 def test_a_pod_config_here_is_one_error_line_pointing_to_compile_and_leaves_no_workdir(tmp_path):
     """The design card's command on a machine without the pod: one `error:` line naming the fix and the
     command that checks a pod config here; the workdir it would have made is not left behind."""
