@@ -37,7 +37,7 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
     console.configure_command_line_logging()
     process_setup.start_host_compiler()
-    config = _CONFIG.value
+    config = console.read_config_flag(_CONFIG)
     topology = _TOPOLOGY.value or config.system.topology
     if not topology:
         raise app.UsageError("No TPU topology: set config.system.topology or pass --topology=v2:16x16.")
@@ -57,4 +57,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=lambda argv: console.parse_flags(config_lib.resolve_config_flag(argv)))
+    app.run(main, flags_parser=console.parse_config_flags)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import sys
 import threading
@@ -41,6 +42,59 @@ def parse_flags(argv: list[str]) -> list[str]:
             raise SystemExit(0) from None
         raise
 
+
+
+def parse_config_flags(argv: list[str]) -> list[str]:
+    """`parse_flags` for an entry point with a `--config` flag: a shipped config's name (`--config=demo`)
+    becomes its path; no such file, or a mistyped override, is one `error:` line (absl: its usage text, or
+    a traceback)."""
+    from resnet_scaling import config as config_lib
+
+    argv = config_lib.resolve_config_flag(argv)
+    for i, arg in enumerate(argv):
+        value = (arg.split("=", 1)[1] if arg.startswith("--config=") else
+                 argv[i + 1] if arg == "--config" and i + 1 < len(argv) else None)
+        if value is not None and not os.path.isfile(value.split(":", 1)[0]):
+            raise SystemExit(f"error: --config={value}: no such config file; give a path to one "
+                             f"(configs/*.py) or the name of a shipped config: {_shipped_configs()}.")
+    try:
+        return parse_flags(argv)
+    except (AttributeError, KeyError) as e:  # A mistyped override: --config.training.global_batchsize=8
+        raise SystemExit(f"error: {_unknown_field_message(e, argv)}") from None
+
+
+def _shipped_configs() -> str:
+    from resnet_scaling import config as config_lib
+
+    return ", ".join(config_lib.shipped_config_names())
+
+
+def _unknown_field_message(error: BaseException, argv: list[str]) -> str:
+    """'--config.training.global_batchsize: no such config field; did you mean "global_batch_size"?'."""
+    text = str(error).replace("\\", "")
+    name = re.search(r"[A-Za-z_]\w*", text)
+    name = name.group(0) if name else "?"
+    override = next((a.split("=")[0] for a in argv if a.startswith("--config.")
+                     and a.split("=")[0].rsplit(".", 1)[-1] == name), f"--config...{name}")
+    suggestion = re.search(r'Did you mean "(\w+)"', text)
+    return (f"{override}: no such config field" +
+            (f"; did you mean {suggestion.group(1)}?" if suggestion else "."))
+
+
+def read_config_flag(config_flag: Any) -> Any:
+    """The ConfigDict a `config_flags.DEFINE_config_file` flag holds, or one `error:` line when its file
+    does not load (ml_collections: chained tracebacks)."""
+    from resnet_scaling.resilience import workdir
+
+    try:
+        config = config_flag.value
+        config.keys()  # ml_collections defers a failed get_config() to the config's first use.
+        return config
+    except OSError as e:  # the file is missing or does not load
+        missing = next((c for c in workdir.exception_chain(e) if isinstance(c, FileNotFoundError)), None)
+        cause = f"no such file: {missing.filename}" if missing else str(e).splitlines()[0]
+        raise SystemExit(f"error: cannot load the config file given by --config ({cause}). Give a path to "
+                         f"a config file, or one of: {_shipped_configs()}.") from None
 
 def configure_command_line_logging(workdir: str | None = None) -> str | None:
     """Our progress at INFO, other libraries at WARNING (orbax writes a dozen INFO lines per checkpoint),

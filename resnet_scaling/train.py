@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import re
 
 import jax
 import ml_collections
@@ -56,7 +55,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
     if _PRINT_CONFIG.value:  # Before anything starts: no backend, no job, no workdir.
-        print(load_config(), flush=True)
+        print(console.read_config_flag(_CONFIG), flush=True)
         return
     if not _WORKDIR.value:
         raise SystemExit("error: --workdir is required: the directory for the run's checkpoints, metrics and "
@@ -69,7 +68,7 @@ def main(argv: list[str]) -> None:
         process_id=_PROCESS_ID.value, initialization_timeout_sec=_INIT_TIMEOUT.value,
         peer_timeout_sec=_PEER_TIMEOUT.value,
         complete_checkpoints=functools.partial(checkpointing.complete_steps, _WORKDIR.value))
-    config = load_config()
+    config = console.read_config_flag(_CONFIG)
     if cache_dir := compilation_cache_dir(config, _WORKDIR.value):
         enable_compilation_cache(cache_dir)
         logger.info("Compilation cache: %s", cache_dir)
@@ -92,23 +91,6 @@ def main(argv: list[str]) -> None:
         os._exit(0)
 
 
-def load_config() -> ml_collections.ConfigDict:
-    """The `--config` file with its overrides, or one `error:` line (ml_collections: chained tracebacks)."""
-    try:
-        config = _CONFIG.value
-        config.keys()  # ml_collections defers a failed get_config() to the config's first use.
-        return config
-    except OSError as e:  # the file is missing or does not load
-        shipped = ", ".join(config_lib.shipped_config_names())
-        raise SystemExit(f"error: cannot load the config file given by --config ({_config_load_cause(e)}). "
-                         f"Give a path to a config file, or one of: {shipped}.") from None
-
-
-def _config_load_cause(error: BaseException) -> str:
-    missing = next((e for e in workdir_lib.exception_chain(error) if isinstance(e, FileNotFoundError)), None)
-    return f"no such file: {missing.filename}" if missing else str(error).splitlines()[0]
-
-
 def compilation_cache_dir(config: ml_collections.ConfigDict, workdir: str) -> str | None:
     """Where JAX keeps compiled programs for this run (`training.compilation_cache_dir`), or None (off)."""
     template = config.training.compilation_cache_dir
@@ -126,38 +108,5 @@ def enable_compilation_cache(cache_dir: str) -> None:
         jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl's flag parsing, after turning a shipped config's name (`--config=demo`) into its path."""
-    argv = config_lib.resolve_config_flag(argv)
-    _check_config_file(argv)
-    try:
-        return console.parse_flags(argv)
-    except (AttributeError, KeyError) as e:  # A mistyped override: --config.training.global_batchsize=8
-        raise SystemExit(f"error: {_unknown_field_message(e, argv)}") from None
-
-
-def _unknown_field_message(error: BaseException, argv: list[str]) -> str:
-    """'--config.training.global_batchsize: no such config field; did you mean "global_batch_size"?'."""
-    text = str(error).replace("\\", "")
-    name = re.search(r"[A-Za-z_]\w*", text)
-    name = name.group(0) if name else "?"
-    override = next((a.split("=")[0] for a in argv if a.startswith("--config.")
-                     and a.split("=")[0].rsplit(".", 1)[-1] == name), f"--config...{name}")
-    suggestion = re.search(r'Did you mean "(\w+)"', text)
-    return (f"{override}: no such config field" +
-            (f"; did you mean {suggestion.group(1)}?" if suggestion else "."))
-
-
-def _check_config_file(argv: list[str]) -> None:
-    """One `error:` line for a --config naming no file or shipped config (absl: its whole usage text)."""
-    for i, arg in enumerate(argv):
-        value = (arg.split("=", 1)[1] if arg.startswith("--config=") else
-                 argv[i + 1] if arg == "--config" and i + 1 < len(argv) else None)
-        if value is not None and not os.path.isfile(value.split(":", 1)[0]):
-            shipped = ", ".join(config_lib.shipped_config_names())
-            raise SystemExit(f"error: --config={value}: no such config file; give a path to one "
-                             f"(configs/*.py) or the name of a shipped config: {shipped}.")
-
-
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    app.run(main, flags_parser=console.parse_config_flags)

@@ -44,15 +44,29 @@ def test_print_config_prints_the_overridden_config_and_exits_without_a_workdir(t
 
 
 
-def test_a_config_file_that_fails_to_load_a_file_is_one_error_line_naming_it(tmp_path):
+@pytest.mark.parametrize("command, args", [("train", ["--print_config"]), ("compile", [])])
+def test_a_config_file_that_fails_to_load_a_file_is_one_error_line_naming_it(tmp_path, command, args):
     (tmp_path / "reads_a_file.py").write_text(
         "def get_config():\n    return open('labels_that_are_not_here.txt').read()\n")
-    proc = _run(["-m", "resnet_scaling.train", f"--config={tmp_path / 'reads_a_file.py'}", "--print_config"],
+    proc = _run(["-m", f"resnet_scaling.{command}", f"--config={tmp_path / 'reads_a_file.py'}", *args],
                 tmp_path)
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "error: cannot load the config file given by --config (no such file: labels_that_are_not_here.txt)")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config=no_such_config.py"], "error: --config=no_such_config.py: no such config file"),
+    (["--config=pod", "--config.system.topologyy=v2:2x2"],
+     "error: --config.system.topologyy: no such config field; did you mean topology?"),
+])
+def test_compile_reads_its_config_flag_as_train_does(tmp_path, args, message):
+    proc = _run(["-m", "resnet_scaling.compile", *args], tmp_path)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(message), proc.stderr[-3000:]
+
 
 def test_a_pod_config_here_is_one_error_line_pointing_to_compile_and_leaves_no_workdir(tmp_path):
     """The design card's command on a machine without the pod: one `error:` line naming the fix and the
