@@ -1,4 +1,5 @@
-"""What a run shows on the console: our progress lines, other libraries' warnings, and a closing headline.
+"""The command line: reading `--config` (one `error:` line when it is wrong) and what a run shows on the
+console: our progress lines, other libraries' warnings, and a closing headline.
 
 The library logs through `logging.getLogger("resnet_scaling.<module>")`; command-line entry points call
 `configure_command_line_logging()` after absl has parsed the flags. Research code that calls
