@@ -269,6 +269,17 @@ def did_not_form_message(settings: DistributedSettings, timeout_sec: float) -> s
             "(a process that crashed or never started is the usual cause); then start the job again.")
 
 
+def _exit_with_error(message: str, linger_sec: float = 0.0) -> None:
+    """Writes `error: message` and ends the process `linger_sec` later, from any thread: the main thread
+    may be blocked in C++ (joining, a collective, JAX's shutdown barrier), where nothing else would stop it
+    before JAX's abort."""
+    sys.stdout.flush()
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+    if linger_sec:
+        time.sleep(linger_sec)
+    os._exit(1)
+
 class _JoinWatchdog:
     """Ends the process with one `error:` line if the job has not formed by a deadline.
 
@@ -289,10 +300,7 @@ class _JoinWatchdog:
         with self._lock:
             if self._finished.is_set():
                 return
-            sys.stdout.flush()
-            sys.stderr.write(f"error: {self._message}\n")
-            sys.stderr.flush()
-            os._exit(1)  # The main thread is blocked in C++; nothing else would stop it before the abort.
+            _exit_with_error(self._message)
 
     def cancel(self) -> None:
         with self._lock:
@@ -630,12 +638,9 @@ class PeerWatchdog:
                 self._end_if_exit_hangs()
                 return
             if message is not None:
-                sys.stdout.flush()
-                sys.stderr.write(f"error: {message}\n")
-                sys.stderr.flush()
-                if self.process_id == 0 and self.num_processes > 2:
-                    time.sleep(2 * self.poll_sec)  # Let the others read the notice before the service goes.
-                os._exit(1)  # The main thread may be blocked in a collective, in C++.
+                # Process 0 lets the others read the notice before the service goes with it.
+                _exit_with_error(message, linger_sec=2 * self.poll_sec
+                                if self.process_id == 0 and self.num_processes > 2 else 0.0)
             self._wake.wait(STOPPING_POLL_SEC if self._stopping.is_set() else self.poll_sec)
             self._wake.clear()
 
@@ -647,10 +652,7 @@ class PeerWatchdog:
         # dead peer late (a slowly failing collective) must still speak before JAX's heartbeat abort.
         last_sign_of_life = self._seen[stalest][1]
         time.sleep(max(0.0, last_sign_of_life + peer_exit_bound_sec(self.timeout_sec) - self._clock()))
-        sys.stdout.flush()
-        sys.stderr.write(f"error: {self._lost_message([stalest])}\n")
-        sys.stderr.flush()
-        os._exit(1)
+        _exit_with_error(self._lost_message([stalest]))
 
 
 def maybe_initialize(coordinator_address: str | None = None, num_processes: int | None = None,
