@@ -44,7 +44,6 @@ def parse_flags(argv: list[str]) -> list[str]:
         raise
 
 
-
 def parse_config_flags(argv: list[str]) -> list[str]:
     """`parse_flags` for an entry point with a `--config` flag: a shipped config's name (`--config=demo`)
     becomes its path; no such file, or a mistyped override, is one `error:` line (absl: its usage text, or
@@ -96,6 +95,7 @@ def read_config_flag(config_flag: Any) -> Any:
         cause = f"no such file: {missing.filename}" if missing else str(e).splitlines()[0]
         raise SystemExit(f"error: cannot load the config file given by --config ({cause}). Give a path to "
                          f"a config file, or one of: {_shipped_configs()}.") from None
+
 
 def configure_command_line_logging(workdir: str | None = None) -> str | None:
     """Our progress at INFO, other libraries at WARNING (orbax writes a dozen INFO lines per checkpoint),

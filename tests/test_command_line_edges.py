@@ -43,7 +43,6 @@ def test_print_config_prints_the_overridden_config_and_exits_without_a_workdir(t
     assert "Step " not in proc.stdout + proc.stderr and list(tmp_path.iterdir()) == []  # Nothing trained.
 
 
-
 @pytest.mark.parametrize("command, args", [("train", ["--print_config"]), ("compile", [])])
 def test_a_config_file_that_fails_to_load_a_file_is_one_error_line_naming_it(tmp_path, command, args):
     (tmp_path / "reads_a_file.py").write_text(

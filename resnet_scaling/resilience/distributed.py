@@ -280,6 +280,7 @@ def _exit_with_error(message: str, linger_sec: float = 0.0) -> None:
         time.sleep(linger_sec)
     os._exit(1)
 
+
 class _JoinWatchdog:
     """Ends the process with one `error:` line if the job has not formed by a deadline.
 
