@@ -21,7 +21,11 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import ml_collections
+    from absl import flags
 
 LIBRARY_LOGGER = "resnet_scaling"
 # How long a failed command waits for other threads (an orbax save in flight) after its error line.
@@ -81,7 +85,7 @@ def _unknown_field_message(error: BaseException, argv: list[str]) -> str:
             (f"; did you mean {suggestion.group(1)}?" if suggestion else "."))
 
 
-def read_config_flag(config_flag: Any) -> Any:
+def read_config_flag(config_flag: flags.FlagHolder) -> ml_collections.ConfigDict:
     """The ConfigDict a `config_flags.DEFINE_config_file` flag holds, or one `error:` line when its file
     does not load (ml_collections: chained tracebacks)."""
     from resnet_scaling.resilience import workdir
