@@ -2,7 +2,7 @@
 
 Global batch 1024, SGD with momentum 0.9, learning rate 0.1 x batch / 256 after a 5-epoch linear
 warm-up, cosine decay, weight decay 1e-4 on kernels, zero-initialised last BN scale per block.
-Input: imagenet2012 prepared by TFDS (see the README's "ImageNet" section); `--config.data.data_dir`
+Input: imagenet2012 prepared by TFDS (see docs/datasets.md); `--config.data.data_dir`
 names the TFDS data directory. `--config.data.source=synthetic` measures the model alone.
 """
 

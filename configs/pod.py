@@ -10,7 +10,7 @@ the published methodology's 90 measured epochs plus 1 warm-up epoch, 3,558 steps
 
 Compile it for the pod on any machine with libtpu: `python -m resnet_scaling.compile --config=configs/pod.py`.
 
-Input: imagenet2012 prepared by TFDS (see the README's "ImageNet" section); `--config.data.data_dir`
+Input: imagenet2012 prepared by TFDS (see docs/datasets.md); `--config.data.data_dir`
 names the TFDS data directory. `--config.data.source=synthetic` measures the model alone.
 """
 

@@ -3,7 +3,9 @@
   checkpoints/<step>/  the train state, `meta` (config, clocks, array fingerprints) and `metrics` (the
                        step's evaluation), in one `CheckpointManager` that keeps the newest `checkpoint.keep`
                        and the best evaluation by top-1.
-  export/              the final parameters and BN statistics with the config (`load_exported`).
+  export/              the final parameters and BN statistics with the config (`load_exported`), and
+                       `class_names.json` where the data names its classes.
+  class_names.json     the same names beside the checkpoints (a copied export/ keeps its own).
 
 A save is renamed into place (or committed, on gs://) only when complete. Earlier versions kept the best
 parameters in best/<step>/; `load_exported` still reads it.
@@ -11,12 +13,14 @@ parameters in best/<step>/; `load_exported` still reads it.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
 import math
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -62,6 +66,10 @@ NOTABLE_FIELDS_ON_RESUME = (
     "training.label_smoothing",
     "model.bn_group_size",
 )
+
+
+# Label i's name at i, as a JSON list: in export/ and in the workdir (for its checkpoints).
+CLASS_NAMES_FILENAME = "class_names.json"
 
 
 class UnreadableCheckpointsError(RunError, RuntimeError):
@@ -183,8 +191,14 @@ def _evaluated_best(manager: ocp.CheckpointManager) -> int | None:
 class Checkpointer:
     """Saves and restores the train state under `workdir`; one per run, created on every process."""
 
-    def __init__(self, workdir: str, config: ml_collections.ConfigDict) -> None:
+    def __init__(self, workdir: str, config: ml_collections.ConfigDict,
+                 class_names: Sequence[str] | None = None) -> None:
+        """
+        Args:
+          class_names: label i's name at i (the data source's), exported with the parameters; None: unnamed.
+        """
         self._config = config
+        self._class_names = class_names
         root = workdir_lib.as_path(workdir)
         self._workdir = workdir
         self.directory = str(root / "checkpoints")
@@ -303,7 +317,8 @@ class Checkpointer:
         return self._manager.latest_step()
 
     def export(self, state: Any) -> str:
-        """Writes the final parameters and BN statistics with the config to `export/` (synchronously).
+        """Writes the final parameters and BN statistics with the config and the class names to `export/`
+        (synchronously).
 
         Raises:
           FloatingPointError: a value is NaN or infinite; nothing is exported.
@@ -320,6 +335,7 @@ class Checkpointer:
         checkpointer.save(path, variables, force=True)
         checkpointer.wait_until_finished()
         if jax.process_index() == 0:
+            write_class_names(self._export_directory, self._class_names)
             workdir_lib.write_text_atomically(epath.Path(self._export_directory) / "config.json",
                                               json.dumps(self._config.to_dict(), indent=2, default=str))
         return self._export_directory
@@ -441,6 +457,33 @@ def best_weights(workdir: str) -> epath.Path | None:
 WEIGHTS = ("export", "best")
 
 
+def write_class_names(directory: str | os.PathLike[str], class_names: Sequence[str] | None) -> None:
+    """Writes `directory/class_names.json` (label i's name at i); None removes one an earlier launch left.
+    One process writes (the caller decides which)."""
+    path = workdir_lib.as_path(directory) / CLASS_NAMES_FILENAME
+    if class_names is None:
+        path.unlink(missing_ok=True)
+        return
+    workdir_lib.write_text_atomically(path, json.dumps(list(class_names), indent=1) + "\n")
+
+
+def read_class_names(directory: str | os.PathLike[str]) -> list[str] | None:
+    """The names `write_class_names` left in `directory`; None where there are none (unnamed data, a run
+    saved before names were) or the file is damaged (with a warning: the parameters are usable without)."""
+    path = workdir_lib.as_path(directory) / CLASS_NAMES_FILENAME
+    try:
+        names = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:  # Unreadable, or not JSON (UnicodeDecodeError is a ValueError).
+        logger.warning("%s cannot be read (%s): predictions stay unnamed.", path, e)
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        logger.warning("%s is not a list of names: predictions stay unnamed.", path)
+        return None
+    return names
+
+
 def find_weights(path: str, weights: str = "export") -> tuple[epath.Path, dict[str, Any], int | None]:
     """Where saved parameters are: `(variables directory, the run's saved config, step)`.
 
@@ -453,15 +496,27 @@ def find_weights(path: str, weights: str = "export") -> tuple[epath.Path, dict[s
       FileNotFoundError: no such parameters, saying what writes them.
       ValueError: `weights` is not one of `WEIGHTS`.
     """
+    variables, config, step, _ = _find_weights(path, weights)
+    return variables, config, step
+
+
+def _find_weights(path: str, weights: str
+                  ) -> tuple[epath.Path, dict[str, Any], int | None, epath.Path | None]:
+    """`find_weights`' answer and the directory holding the weights' class names (None: nowhere to look).
+
+    An export holds its own; a checkpoint's are its workdir's (checkpoints need no copy each), looked for
+    only where the checkpoint still sits in a workdir's checkpoints/."""
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}.")
     path = workdir_lib.as_path(path)
     if is_export_directory(path):
-        return path / "variables", json.loads((path / "config.json").read_text()), None
+        return path / "variables", json.loads((path / "config.json").read_text()), None, path
     if _is_checkpoint(path):
-        return path / "state", _read_meta(path)["run_config"], int(path.name)
+        workdir = path.parent.parent if path.parent.name == "checkpoints" else None
+        return path / "state", _read_meta(path)["run_config"], int(path.name), workdir
     if steps := _legacy_best_steps(path):
-        return path / str(steps[-1]) / "variables", _read_meta(path / str(steps[-1]))["config"], steps[-1]
+        return (path / str(steps[-1]) / "variables", _read_meta(path / str(steps[-1]))["config"], steps[-1],
+                path.parent)
     if not path.is_dir():
         raise FileNotFoundError(f"No workdir, export/ or checkpoint at {path}.")
     if path.name == "checkpoints" and any(_is_checkpoint(p) for p in path.iterdir()):
@@ -473,12 +528,12 @@ def find_weights(path: str, weights: str = "export") -> tuple[epath.Path, dict[s
                 f"{path} has no evaluated checkpoint for the best parameters: a run keeps its best "
                 "evaluation's checkpoint in checkpoints/ (config.checkpoint.keep_best). Use the final "
                 "parameters (--weights=export).")
-        return find_weights(str(best))
+        return _find_weights(str(best), weights)
     if not is_export_directory(path / "export"):
         raise FileNotFoundError(
             f"{path} has no export/: a run writes it when it finishes (config.checkpoint.export). Use the "
             "best evaluation's parameters (--weights=best) or finish the run.")
-    return find_weights(str(path / "export"))
+    return _find_weights(str(path / "export"), weights)
 
 
 def load_exported(path: str, weights: str = "export"
@@ -499,7 +554,25 @@ def load_exported(path: str, weights: str = "export"
 def load_weights(path: str, weights: str = "export"
                  ) -> tuple[dict[str, Any], ml_collections.ConfigDict, int | None]:
     """`load_exported`'s `(variables, config)` and the step of the checkpoint read (None for an export)."""
+    saved = load_saved_weights(path, weights)
+    return saved.variables, saved.config, saved.step
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedWeights:
+    """A run's saved parameters with what it takes to use them and to name their predictions."""
+
+    variables: dict[str, Any]  # NumPy {'params': ..., 'batch_stats': ...}, for `model.apply`.
+    config: ml_collections.ConfigDict  # The run's config over today's defaults (`load_exported`).
+    step: int | None  # The checkpoint's step; None for an export.
+    class_names: list[str] | None  # Label i's name at i; None: unnamed data, or saved before names were.
+
+
+def load_saved_weights(path: str, weights: str = "export") -> SavedWeights:
+    """Loads parameters, config, step and class names at once; `path`, `weights` as `find_weights` takes."""
     from resnet_scaling import config as config_lib  # The config module imports the data package.
 
-    variables_path, config_dict, step = find_weights(path, weights)
-    return _restore_to_host(variables_path), config_lib.config_from_saved(config_dict), step
+    variables_path, config_dict, step, names_directory = _find_weights(path, weights)
+    class_names = read_class_names(names_directory) if names_directory is not None else None
+    return SavedWeights(_restore_to_host(variables_path), config_lib.config_from_saved(config_dict), step,
+                        class_names)

@@ -16,8 +16,7 @@ import os
 from absl import app, flags
 from ml_collections import config_flags
 
-from resnet_scaling import config as config_lib
-from resnet_scaling import console
+from resnet_scaling import console, errors
 from resnet_scaling.analysis import aot
 from resnet_scaling.host import process_setup
 
@@ -33,21 +32,22 @@ flags.mark_flags_as_required(["config"])
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    console.refuse_arguments(argv)
     console.configure_command_line_logging()
     process_setup.start_host_compiler()
     config = console.read_config_flag(_CONFIG)
     topology = _TOPOLOGY.value or config.system.topology
     if not topology:
-        raise app.UsageError("No TPU topology: set config.system.topology or pass --topology=v2:16x16.")
-    devices = aot.topology_devices(topology, config.system.chips_per_host_bounds, config.system.num_slices)
-    logger.info("Compiling the %s train and evaluation steps for %s: %d x %s.", config.model.name, topology,
-                len(devices), devices[0].device_kind)
-    try:
+        raise SystemExit("error: no TPU topology to compile for: set config.system.topology or pass "
+                         "--topology=v2:16x16.")
+    try:  # libtpu missing, a topology it cannot describe, an invalid config: one line each.
+        devices = aot.topology_devices(topology, config.system.chips_per_host_bounds,
+                                       config.system.num_slices)
+        logger.info("Compiling the %s train and evaluation steps for %s: %d x %s.", config.model.name,
+                    topology, len(devices), devices[0].device_kind)
         report = aot.build_report(config, devices, topology)
-    except config_lib.ConfigError as e:
-        raise app.UsageError(str(e)) from None
+    except errors.RunError as e:
+        raise SystemExit(f"error: {e}") from None
     print(aot.format_report(report))
     if _JSON_OUT.value:
         os.makedirs(os.path.dirname(os.path.abspath(_JSON_OUT.value)), exist_ok=True)

@@ -79,6 +79,10 @@ def get_base_config() -> ml_collections.ConfigDict:
     config.data.folder = ""  # Root of a class-folder dataset ("folders").
     config.data.cache_dir = "~/.cache/resnet_scaling"  # Where the "shapes" dataset's files are written once.
     config.data.image_size = 224  # Height and width of training and evaluation images.
+    # The "arrays" source's class names, label i's at i (a tuple of strings), saved with the export so that
+    # predictions can be named; None: unnamed. The other sources take theirs from the dataset (folder names,
+    # TFDS label names; none for "synthetic").
+    config.data.class_names = None
     config.data.num_train_examples = IMAGENET_NUM_TRAIN_EXAMPLES  # Epoch length for synthetic/shapes.
     config.data.num_eval_examples = IMAGENET_NUM_EVAL_EXAMPLES  # Validation images for synthetic/shapes.
     config.data.mean_rgb = IMAGENET_MEAN_RGB  # Subtracted on the device from images scaled to [0, 1].
@@ -235,9 +239,14 @@ def _validate_bn_group_size(v: _Problems, config: ml_collections.ConfigDict,
 
 
 def _validate_slices(v: _Problems, config: ml_collections.ConfigDict) -> None:
-    """Several slices split the pinned device count evenly, and BN groups (N > 0) stay in one slice (across
-    slices, every BN layer would all-reduce its statistics over DCN, forward and backward). -1 spans them by
-    definition (evaluation, with no groups, sets it). `mesh.create_mesh` checks the devices themselves."""
+    """A TPU host's chips are three whole numbers. Several slices split the pinned device count evenly, and
+    BN groups (N > 0) stay in one slice (across slices, every BN layer would all-reduce its statistics over
+    DCN, forward and backward). -1 spans them by definition (evaluation, with no groups, sets it).
+    `mesh.create_mesh` checks the devices themselves."""
+    bounds = config.system.chips_per_host_bounds
+    whole = all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in bounds)
+    v.require(len(bounds) == 3 and whole, "system.chips_per_host_bounds",
+              f"needs three positive whole numbers (x, y, z), e.g. (2, 2, 1), got {tuple(bounds)!r}.")
     num_slices = config.system.num_slices
     v.require(isinstance(num_slices, int) and num_slices >= 1, "system.num_slices",
               f"use 1 (one slice) or the number of TPU slices of the job, got {num_slices!r}.")
@@ -290,7 +299,9 @@ class _Problems:
             return None
         if len(self.messages) == 1:
             return ConfigError(self.messages[0])
-        return ConfigError(f"{len(self.messages)} problems: " + "; ".join(self.messages))
+        # Numbered, since a message may hold a "; " of its own and each ends with its full stop.
+        return ConfigError(f"{len(self.messages)} problems: " +
+                           " ".join(f"({i}) {m}" for i, m in enumerate(self.messages, 1)))
 
 
 def _validate_input_pipeline(v: _Problems, data: ml_collections.ConfigDict) -> None:
@@ -314,6 +325,24 @@ def _validate_input_pipeline(v: _Problems, data: ml_collections.ConfigDict) -> N
         v.require(data[field] > 0, f"data.{field}", f"must be positive, got {data[field]}.")
     for field in ("num_threads", "prefetch_batches", "device_prefetch"):
         v.require(data[field] >= 0, f"data.{field}", f"must be >= 0, got {data[field]}.")
+
+
+def _validate_class_names(v: _Problems, config: ml_collections.ConfigDict) -> None:
+    """`data.class_names` names the arrays' labels, one string per class; other sources have their own."""
+    names, source = config.data.get("class_names"), config.data.source
+    if names is None:
+        return
+    if not v.require(source == "arrays", "data.class_names",
+                     f"names the classes of the 'arrays' source only; {source!r} "
+                     f"{'has none' if source == 'synthetic' else 'takes them from the dataset'}: set it to "
+                     "None."):
+        return
+    if not v.require(isinstance(names, (list, tuple)) and all(isinstance(n, str) for n in names),
+                     "data.class_names", f"use a tuple of strings, label i's name at i; got {names!r}."):
+        return
+    num_classes = config.model.num_classes
+    v.require(len(names) == num_classes, "data.class_names",
+              f"holds {len(names)} names for model.num_classes={num_classes} classes; give one per label.")
 
 
 def _validate_durations(v: _Problems, config: ml_collections.ConfigDict) -> None:
@@ -349,7 +378,7 @@ def _validate_mlperf(v: _Problems, mlperf: ml_collections.ConfigDict) -> None:
 
 def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
     """Refuses invalid settings with a `ConfigError` that names the field and the fix, for every problem
-    at once ("2 problems: config.a: ...; config.b: ...").
+    at once ("2 problems: (1) config.a: .... (2) config.b: ....").
 
     Args:
       num_devices: devices the run will use; when given, batch divisibility is checked too.
@@ -377,6 +406,7 @@ def _check(v: _Problems, config: ml_collections.ConfigDict, num_devices: int | N
     v.choice(config.model.lowering, "model.lowering", LOWERINGS)
     v.choice(config.data.source, "data.source", DATA_SOURCES)
     _validate_input_pipeline(v, config.data)
+    _validate_class_names(v, config)
     v.choice(config.optimizer.name, "optimizer.name", OPTIMIZERS)
     v.choice(config.optimizer.lars_variant, "optimizer.lars_variant", LARS_VARIANTS)
     v.choice(config.optimizer.weight_decay_on, "optimizer.weight_decay_on", WEIGHT_DECAY_LEAVES)
@@ -456,6 +486,40 @@ def _check(v: _Problems, config: ml_collections.ConfigDict, num_devices: int | N
                     f"{batch} is not divisible by the {num_devices} devices of the mesh; use a "
                     f"multiple of {num_devices} (for example {lower} or {lower + num_devices}).",
                 )
+
+
+def overrides_for_devices(config: ml_collections.ConfigDict, num_devices: int) -> dict[str, Any]:
+    """The overrides that make a config written for more devices valid on `num_devices`: every device, and,
+    where its settings cannot hold there, batch sizes the devices divide and per-device batch-norm groups.
+    A user told to use them meets no second refusal of the config (tested for every shipped config)."""
+    overrides: dict[str, Any] = {"mesh.num_devices": -1}
+    for field in ("training.global_batch_size", "eval.global_batch_size"):
+        section, name = field.split(".")
+        batch = config[section][name]
+        if batch % num_devices:
+            overrides[field] = max(num_devices, batch // num_devices * num_devices)
+    if config.system.num_slices > 1 and num_devices % config.system.num_slices:
+        overrides["system.num_slices"] = 1
+    batch = overrides.get("training.global_batch_size", config.training.global_batch_size)
+    group = config.model.bn_group_size
+    num_slices = overrides.get("system.num_slices", config.system.num_slices)
+    if group > 0 and (group % (batch // num_devices) or batch % group or (batch // num_slices) % group):
+        overrides["model.bn_group_size"] = 0
+    return overrides
+
+
+def too_few_devices_error(config: ml_collections.ConfigDict, num_visible: int, platform: str) -> ConfigError:
+    """The refusal of a config whose `mesh.num_devices` exceeds the devices visible, with the two ways on:
+    compile it for its TPU topology here, or the overrides that train it on these devices."""
+    system = f", {config.system.name}," if config.system.name else ""
+    visible = f"{num_visible} {platform} device" + (" is" if num_visible == 1 else "s are")
+    flags = " ".join(f"--config.{field}={value}"
+                     for field, value in overrides_for_devices(config, num_visible).items())
+    check = ("To check it here, compile its step for its topology: python -m resnet_scaling.compile "
+             "--config=CONFIG (the [tpu] extra). " if config.system.topology else "")
+    return ConfigError(
+        f"config.mesh.num_devices: this config is written for {config.mesh.num_devices} devices{system} and "
+        f"{visible} visible. {check}To train it on these devices, add {flags}.")
 
 
 def config_from_saved(values: Mapping[str, Any]) -> ml_collections.ConfigDict:

@@ -36,16 +36,50 @@ HELP_FLAGS = frozenset({"--help", "-help", "-h", "-?", "--helpshort", "-helpshor
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl's `app.parse_flags_with_usage`, except that asking for help exits with status 0: a user (or a
-    script) who typed `--help` got what was asked for."""
-    from absl import app
+    """absl's `app.parse_flags_with_usage`, except that asking for help exits with status 0 (a user, or a
+    script, who typed `--help` got what was asked for) and a flag that does not parse is one `error:` line
+    (absl: `FATAL Flags parsing error`, then a hint)."""
+    from absl import flags
 
     try:
-        return app.parse_flags_with_usage(argv)
-    except SystemExit as e:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        raise SystemExit(f"error: {_flag_error_message(e)}") from None
+    except SystemExit as e:  # absl's help flags print their text, then exit with status 1.
         if e.code == 1 and HELP_FLAGS.intersection(argv[1:]):
             raise SystemExit(0) from None
         raise
+
+
+# What a value that does not parse was expected to be, by the words of Python's or absl's error.
+_EXPECTED_VALUES = (("invalid literal for int()", "a whole number"),  # Lower case, as matched.
+                    ("could not convert string to float", "a number"),
+                    ("as tuple", "a tuple, e.g. '(1, 2)'"),
+                    ("non-boolean", "true or false"))
+
+
+def _flag_error_message(error: Exception) -> str:
+    """absl's message for a flag that does not parse, as one line saying what the value should be:
+    "--config.training.global_batch_size=6x4: expects a whole number, got '6x4'."."""
+    text = " ".join(str(error).split())
+    parsed = re.match(r"flag (--\S+?)=(.*?): (.*)$", text)
+    if not parsed:
+        return (text[0].lower() + text[1:]).replace(" ?", "?") if text else "a flag does not parse."
+    flag, value, cause = parsed.groups()
+    if "must have a value other than None" in cause:  # absl's words for a required flag left out.
+        return f"{flag} is required (--help describes it)."
+    expected = next((words for key, words in _EXPECTED_VALUES if key in cause.lower()), None)
+    if expected is None:
+        return f"{flag}={value}: {cause}"
+    return f"{flag}={value}: expects {expected}, got {value!r}."
+
+
+def refuse_arguments(argv: list[str]) -> None:
+    """One `error:` line for words on a flags-only command line (absl's `UsageError`: its whole usage
+    text), e.g. `python -m resnet_scaling.train --config=demo /tmp/run` without `--workdir=`."""
+    if len(argv) > 1:
+        raise SystemExit(f"error: unexpected arguments: {' '.join(argv[1:])}; the command takes flags only "
+                         "(--help lists them).")
 
 
 def parse_config_flags(argv: list[str]) -> list[str]:
@@ -59,12 +93,25 @@ def parse_config_flags(argv: list[str]) -> list[str]:
         value = (arg.split("=", 1)[1] if arg.startswith("--config=") else
                  argv[i + 1] if arg == "--config" and i + 1 < len(argv) else None)
         if value is not None and not os.path.isfile(value.split(":", 1)[0]):
-            raise SystemExit(f"error: --config={value}: no such config file; give a path to one "
-                             f"(configs/*.py) or the name of a shipped config: {_shipped_configs()}.")
+            raise SystemExit(f"error: --config={value}: no such config file{_config_suggestion(value)}")
     try:
         return parse_flags(argv)
     except (AttributeError, KeyError) as e:  # A mistyped override: --config.training.global_batchsize=8
         raise SystemExit(f"error: {_unknown_field_message(e, argv)}") from None
+
+
+def _config_suggestion(value: str) -> str:
+    """'; did you mean pod? Give ...' for `--config=pods`, then every shipped name."""
+    import difflib
+
+    from resnet_scaling import config as config_lib
+
+    names = config_lib.shipped_config_names()
+    stem = os.path.splitext(os.path.basename(value.split(":", 1)[0]))[0]
+    close = difflib.get_close_matches(stem, names, n=1)
+    hint = f"; did you mean {close[0]}? " if close else ". "
+    return (f"{hint}Give a path to one (configs/*.py) or the name of a shipped config: "
+            f"{', '.join(names)}.")
 
 
 def _shipped_configs() -> str:
@@ -78,10 +125,13 @@ def _unknown_field_message(error: BaseException, argv: list[str]) -> str:
     text = str(error).replace("\\", "")
     name = re.search(r"[A-Za-z_]\w*", text)
     name = name.group(0) if name else "?"
+    # The override that names it, as typed: a mistyped field, or a mistyped section
+    # (--config.trainng.num_epochs), named as such.
     override = next((a.split("=")[0] for a in argv if a.startswith("--config.")
-                     and a.split("=")[0].rsplit(".", 1)[-1] == name), f"--config...{name}")
+                     and name in a.split("=")[0].split(".")[1:]), f"--config.{name}")
+    what = "field" if override.rsplit(".", 1)[-1] == name else f"section {name}"
     suggestion = re.search(r'Did you mean "(\w+)"', text)
-    return (f"{override}: no such config field" +
+    return (f"{override}: no such config {what}" +
             (f"; did you mean {suggestion.group(1)}?" if suggestion else "."))
 
 
@@ -118,9 +168,8 @@ def configure_command_line_logging(workdir: str | None = None) -> str | None:
         absl_logging.set_verbosity(absl_logging.WARNING)  # The root logger: every other library.
         logging.getLogger(LIBRARY_LOGGER).setLevel(logging.INFO)
     log_file = _open_log_file(workdir)
-    if log_file is not None and not flags.FLAGS["verbosity"].present:
-        console = absl_logging.get_absl_handler().python_handler
-        console.setFormatter(_collapsing_formatter(console.formatter, log_file))
+    if not flags.FLAGS["verbosity"].present:  # --verbosity: absl's own prefixes, for debugging.
+        absl_logging.get_absl_handler().python_handler.setFormatter(ConsoleFormatter(log_file))
     return log_file
 
 
@@ -140,22 +189,29 @@ def _open_log_file(workdir: str | None) -> str | None:
     return path
 
 
-def _collapsing_formatter(inner: logging.Formatter | None, log_file: str) -> logging.Formatter:
-    """`inner`, but another library's record prints without its traceback, pointing at `log_file`."""
+class ConsoleFormatter(logging.Formatter):
+    """What the console shows of a record: the time of day and the message ("21:04:05 step 25/563 ..."),
+    "warning:" or "error:" before a warning or an error (with the library's name when it is not ours).
+    absl's prefix (level, date, thread id, file and line) stays in WORKDIR/logs/. Another library's
+    traceback prints as its one message line pointing at `log_file` (None: whole)."""
 
-    class CollapsingFormatter(logging.Formatter):
-        def format(self, record: logging.LogRecord) -> str:
-            if not record.exc_info or record.name.split(".")[0] == LIBRARY_LOGGER:
-                return (inner or logging.Formatter()).format(record)
-            saved = record.exc_info, record.exc_text
-            record.exc_info, record.exc_text = None, None
-            try:
-                text = (inner or logging.Formatter()).format(record)
-            finally:
-                record.exc_info, record.exc_text = saved
-            return f"{text} [traceback: {log_file}]"
+    def __init__(self, log_file: str | None = None) -> None:
+        super().__init__()
+        self._log_file = log_file
 
-    return CollapsingFormatter()
+    def format(self, record: logging.LogRecord) -> str:
+        ours = record.name.split(".")[0] == LIBRARY_LOGGER
+        text = f"{time.strftime('%H:%M:%S', time.localtime(record.created))} "
+        if record.levelno >= logging.WARNING:
+            text += "error" if record.levelno >= logging.ERROR else "warning"
+            text += ": " if ours else f" ({record.name.split('.')[0]}): "
+        text += record.getMessage()
+        if record.exc_info:
+            if ours or self._log_file is None:
+                text += "\n" + self.formatException(record.exc_info)
+            else:
+                text += f" [traceback: {self._log_file}]"
+        return text
 
 
 def exit_after_error(message: str, code: int = 1) -> None:
@@ -202,7 +258,7 @@ def headline(summary: Mapping[str, Any], paths: Mapping[str, str]) -> list[str]:
         speed = (f"{images_per_sec:,.0f} images/sec in the steady state "
                  f"({throughput['images_per_sec_per_device']:,.0f} per device)")
     else:
-        speed = "not measured (the run ended inside its timing warm-up)"
+        speed = "not measured (the run ended before its timed steps: training.timing_warmup_*)"
     target = f"time to {_percent(accuracy['target_top1'])} top-1: "
     if accuracy["reached"]:
         target += (f"{_duration(accuracy['time_to_accuracy_sec'])} timed, "

@@ -36,21 +36,20 @@ def _define_flags() -> None:
 
 def main(argv: list[str]) -> None:
     """The command: evaluates, prints the figures and writes the JSON; errors end as one `error:` line."""
-    from absl import app, flags
+    from absl import flags
 
     from resnet_scaling import console
     from resnet_scaling.host import process_setup
 
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    console.refuse_arguments(argv)
     console.configure_command_line_logging()  # Our lines; other libraries' (orbax's) only as warnings.
     options = flags.FLAGS
     overrides = {}
     for item in options.override:
         field, sep, value = item.partition("=")
         if not sep:
-            raise app.UsageError(f"--override takes FIELD=VALUE (e.g. data.data_dir=/mnt/tfds), got "
-                                 f"{item!r}.")
+            raise SystemExit(f"error: --override takes FIELD=VALUE (e.g. data.data_dir=/mnt/tfds), got "
+                             f"{item!r}.")
         overrides[field.strip()] = value
     process_setup.start_process(keep_freed_memory=options.keep_freed_memory)  # As train.py does.
     try:

@@ -3,7 +3,8 @@
 Data parallelism for 1 to 512+ devices: batches sharded over every device, the train state replicated. One
 slice (or GPU host, or CPU) gets a 1-D `data` mesh. Multislice (`config.system.num_slices` > 1) gets ("dcn",
 "data"), a row per slice, the batch split slice-major so batch-norm groups of whole devices stay in a slice.
-XLA's gradient all-reduce on TPU reduces within each slice over ICI before crossing DCN (see aot.py, README).
+XLA's gradient all-reduce on TPU reduces within each slice over ICI before crossing DCN (see aot.py and
+docs/multihost.md).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from typing import Any
 from absl import app, flags
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import console
+from resnet_scaling import console, errors
 from resnet_scaling.analysis import planning
 from resnet_scaling.host import process_setup
 from resnet_scaling.metrics import format_duration
@@ -105,6 +105,7 @@ def load_system(value: str) -> tuple[planning.System, set[str]]:
 
     Raises:
       ValueError, OSError, KeyError: an unreadable input (the message names it).
+      RunError: a TPU config that cannot be compiled here (no libtpu: `MissingExtraError`).
     """
     path = workdir.as_path(value)
     if path.is_dir():
@@ -228,7 +229,8 @@ def main(argv: list[str]) -> None:
     inputs = argv[1:] + ([n for n in config_lib.shipped_config_names() if n not in ("demo", "default")]
                          if _ALL_CONFIGS.value else [])
     if not inputs:
-        raise app.UsageError("Give compile reports, summary.json files or configs (or --all_configs).")
+        raise SystemExit("error: nothing to plan: give compile reports, summary.json files or configs (or "
+                         "--all_configs).")
     process_setup.start_host_compiler()  # A TPU config is compiled here, on the host.
     try:
         prices = dict(planning.ASSUMED_PRICES)
@@ -242,7 +244,7 @@ def main(argv: list[str]) -> None:
     for value in inputs:
         try:
             system, keys = load_system(value)
-        except (OSError, ValueError, KeyError) as e:
+        except (OSError, ValueError, KeyError, errors.RunError) as e:  # RunError: a TPU config, no libtpu.
             raise SystemExit(f"error: {value}: {e}") from None
         systems.append(system)
         names.append(keys)

@@ -3,18 +3,23 @@
     predictor = Predictor.from_workdir("/tmp/run")          # or weights="best"
     logits = predictor(images)                              # uint8 [N, S, S, 3], S = config.data.image_size
     classes = predictor.predict_classes(images)
+    labels = predictor.predict_labels(images)               # names: predictor.class_names[classes]
     logits = predictor(predictor.prepare(photos))           # any-size images, cropped as evaluation does
 
 The inputs follow from how the run was trained (`Predictor.preprocessing`): a run on image files evaluated
 centre crops resized to `data.image_size`, which `prepare` makes from images of any size; a run on arrays
 took them as given, so inputs must be shaped like them. (`model.apply` on raw pixels runs, but answers
 mostly wrongly: the network was trained on `steps.normalize_images`' output.)
+
+Class names come with the weights where the data named them: class folders' names (the demo's shapes
+too), a TFDS dataset's label names, `config.data.class_names` for arrays; None for synthetic data and
+runs exported before names were saved.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -44,14 +49,19 @@ class Predictor:
       batch_size: the most images one forward pass takes; larger inputs run in chunks.
       preprocessing: what inputs need, as the run's evaluation images had: "eval_crop" (image files: the
         centre crop resized to `image_size`) or "none" (arrays, taken as given).
+      class_names: class i's name at i (`predict_labels`, `names_of`), or None where the run's data named
+        none.
     """
 
     def __init__(self, variables: Mapping[str, Any], config: ml_collections.ConfigDict, *,
-                 batch_size: int = 256, device: jax.Device | None = None) -> None:
+                 class_names: Sequence[str] | None = None, batch_size: int = 256,
+                 device: jax.Device | None = None) -> None:
         """
         Args:
           variables: `{'params': ..., 'batch_stats': ...}`, as `checkpointing.load_exported` returns.
           config: the run's config; fields an older run's lacks take today's defaults.
+          class_names: class i's name at i (`checkpointing.load_saved_weights` reads a run's); default
+            `config.data.class_names` (an arrays run's), else None.
           batch_size: the most images per forward pass (bounds memory on large inputs).
           device: where to run (default: the first device).
         """
@@ -61,6 +71,12 @@ class Predictor:
         self.model = models.model_from_config(config)
         self.image_size = int(config.data.image_size)
         self.num_classes = int(config.model.num_classes)
+        if class_names is None:
+            class_names = config.data.get("class_names")
+        self.class_names = None if class_names is None else [str(name) for name in class_names]
+        if self.class_names is not None and len(self.class_names) != self.num_classes:
+            raise ValueError(f"{len(self.class_names)} class names for a model of {self.num_classes} "
+                             "classes (config.model.num_classes): give one name per class.")
         self.mean_rgb = tuple(float(v) for v in config.data.mean_rgb)
         self.stddev_rgb = tuple(float(v) for v in config.data.stddev_rgb)
         self.batch_size = int(batch_size)
@@ -81,8 +97,8 @@ class Predictor:
           weights: "export" or "best".
           **kwargs: `batch_size`, `device`.
         """
-        variables, config = checkpointing.load_exported(path, weights)
-        return cls(variables, config, **kwargs)
+        saved = checkpointing.load_saved_weights(path, weights)
+        return cls(saved.variables, saved.config, class_names=saved.class_names, **kwargs)
 
     def __call__(self, images: np.ndarray | jax.Array) -> np.ndarray:
         """Logits, float32 [N, num_classes], of uint8 RGB images [N, S, S, 3] (S: `image_size`)."""
@@ -129,6 +145,19 @@ class Predictor:
     def predict_classes(self, images: np.ndarray | jax.Array) -> np.ndarray:
         """The most likely class of each image, int32 [N]."""
         return np.argmax(self(images), axis=-1).astype(np.int32)
+
+    def predict_labels(self, images: np.ndarray | jax.Array) -> list[str]:
+        """The name of each image's most likely class (`class_names`); a ValueError where there are none."""
+        return self.names_of(self.predict_classes(images)).tolist()
+
+    def names_of(self, classes: np.ndarray) -> np.ndarray:
+        """The names of class indices of any shape (`predict_classes`', `top_k`'s), as a str array."""
+        if self.class_names is None:
+            source = self.config.data.source
+            raise ValueError(f"This run's data named no classes (data.source={source!r}"
+                             f"{'; set config.data.class_names' if source == 'arrays' else ''}, or weights "
+                             "exported before class names were saved): use predict_classes.")
+        return np.asarray(self.class_names)[np.asarray(classes)]
 
     def top_k(self, images: np.ndarray | jax.Array, k: int = 5) -> tuple[np.ndarray, np.ndarray]:
         """`(probabilities, classes)` of the `k` most likely classes of each image, best first, [N, k]."""

@@ -242,8 +242,7 @@ def _duration(seconds: float) -> str:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    console.refuse_arguments(argv)
     console.configure_command_line_logging()  # Our lines at INFO, TFDS's at WARNING (--verbosity=0: all).
     # `--data_dir=~/x` reaches us unexpanded: shells expand a ~ after `=` only in variable assignments.
     data_dir = os.path.expanduser(_DATA_DIR.value) if _DATA_DIR.value else default_data_dir()

@@ -17,7 +17,7 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-from resnet_scaling import checkpointing, console, errors, trainer
+from resnet_scaling import checkpointing, config_text, console, errors, trainer
 from resnet_scaling import config as config_lib
 from resnet_scaling.host import process_setup, xla_flags
 from resnet_scaling.resilience import distributed
@@ -47,15 +47,15 @@ _KEEP_FREED_MEMORY = flags.DEFINE_bool(
     "keep_freed_memory", True, "Steps on the CPU: run them on the main thread and have glibc keep the memory "
     "a step frees for the next, instead of faulting it in again (1.3x the ResNet-50 step on 2 cores; "
     "host_memory.py). No effect on accelerators.")
-_PRINT_CONFIG = flags.DEFINE_bool("print_config", False, "Print the config, overrides applied, and exit "
-                                  "without training (a run writes it to WORKDIR/config.json).")
+_PRINT_CONFIG = flags.DEFINE_bool(
+    "print_config", False, "Print the config, overrides applied, as a config file with each field's comment "
+    "(--config=FILE runs it), and exit without training (a run writes it to WORKDIR/config.json).")
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    console.refuse_arguments(argv)
     if _PRINT_CONFIG.value:  # Before anything starts: no backend, no job, no workdir.
-        print(console.read_config_flag(_CONFIG), flush=True)
+        print(config_text.format_config(console.read_config_flag(_CONFIG)), end="", flush=True)
         return
     if not _WORKDIR.value:
         raise SystemExit("error: --workdir is required: the directory for the run's checkpoints, metrics and "
@@ -70,8 +70,7 @@ def main(argv: list[str]) -> None:
         complete_checkpoints=functools.partial(checkpointing.complete_steps, _WORKDIR.value))
     config = console.read_config_flag(_CONFIG)
     if cache_dir := compilation_cache_dir(config, _WORKDIR.value):
-        enable_compilation_cache(cache_dir)
-        logger.info("Compilation cache: %s", cache_dir)
+        enable_compilation_cache(cache_dir)  # The trainer's "Compiled" line names it, once the run starts.
     try:
         result = trainer.train_and_evaluate(config, _WORKDIR.value)  # Validates the config first, once.
     except errors.RunError as e:  # Bad config, data, workdir, checkpoints, divergence: say what to do.

@@ -170,7 +170,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
     plan, source, state = run.plan, run.source, run.state
     log = logger.info if is_writer else logger.debug
     _log_setup(log, run)
-    checkpointer = checkpointing.Checkpointer(workdir, config) if config.checkpoint.enabled else None
+    checkpointer = (checkpointing.Checkpointer(workdir, config, class_names=source.class_names)
+                    if config.checkpoint.enabled else None)
     state, saved_meta = _restore(checkpointer, state, plan, log)
     start_step = int(state.step)
     if start_step >= plan.total_steps and checkpointer is not None:
@@ -184,6 +185,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
             return finished
     if is_writer:  # After the checks above: config.json never records settings that trained no step.
         _write_config(workdir, config)
+        # Beside the checkpoints, which then need no copy each: the best weights' predictions are named too.
+        checkpointing.write_class_names(workdir, source.class_names)
     saved_clock = saved_meta.get("clock") if saved_meta else None
     if is_writer and saved_meta:
         _record_changes_on_resume(workdir, saved_meta, config, start_step)
@@ -348,8 +351,10 @@ def _restore(checkpointer: checkpointing.Checkpointer | None, state: steps.Train
 
 def _log_compiled(log: Callable[..., None], compiled: Any, compile_sec: float) -> None:
     memory = metrics_lib.memory_per_device(compiled)
-    log("Compiled the train step in %.1fs%s.", compile_sec,
-        "" if memory is None else f", {memory['total'] / 2**20:.0f} MiB per device")
+    cache = jax.config.jax_compilation_cache_dir  # Set by the command line (train.py), after validation.
+    log("Compiled the train step in %.1fs%s%s.", compile_sec,
+        "" if memory is None else f", {memory['total'] / 2**20:.0f} MiB per device",
+        f"; compilation cache {cache}" if cache else "")
 
 
 def _write_summary_and_headline(workdir: str, result: TrainResult, tensorboard_dir: str | None,
@@ -400,11 +405,14 @@ def _abstract(state: steps.TrainState) -> Any:
 def _log_setup(log: Callable[..., None], run: training_setup.TrainingSetup) -> None:
     plan, mesh, config = run.plan, run.mesh, run.config
     device = mesh.devices.flat[0]
-    log("Mesh: %d devices (%s, %s) over %d process(es), axes %s.", mesh.size, device.platform,
-        device.device_kind, jax.process_count(), dict(mesh.shape))
-    log("Batch: %d global, %d per device; %d steps (%d per epoch, %.2f epochs), %d warm-up; peak LR %.4g.",
-        plan.global_batch_size, plan.per_device_batch_size, plan.total_steps, plan.steps_per_epoch,
-        plan.epochs_at(plan.total_steps), plan.warmup_steps, plan.peak_learning_rate)
+    processes = jax.process_count()
+    log("Devices: %d x %s in %d process%s; mesh axes %s.", mesh.size, device.device_kind, processes,
+        "" if processes == 1 else "es", dict(mesh.shape))
+    log("Batch: %d global, %d per device; %d steps (%d per epoch, %.2f epochs); learning rate %.4g at its "
+        "peak after %d warm-up steps.", plan.global_batch_size, plan.per_device_batch_size, plan.total_steps,
+        plan.steps_per_epoch, plan.epochs_at(plan.total_steps), plan.peak_learning_rate, plan.warmup_steps)
+    log("Timing: images/sec and time to accuracy are measured after step %d (training.timing_warmup_*).",
+        plan.timing_warmup_steps)
     log("Model: %s, %s parameters, compute dtype %s.", config.model.name, f"{run.num_params:,}",
         config.model.compute_dtype)
 

@@ -100,6 +100,8 @@ def setup(config: ml_collections.ConfigDict, *, devices: Sequence[jax.Device] | 
       DataError: a missing, unprepared or malformed dataset.
     """
     devices = list(devices if devices is not None else jax.devices())
+    if config.mesh.num_devices > len(devices):  # A config for a larger system: say how to go on here.
+        raise config_lib.too_few_devices_error(config, len(devices), devices[0].platform)
     config_lib.validate(config, mesh_lib.mesh_size(config.mesh.num_devices, len(devices)))
     mesh = mesh_lib.create_mesh(config.mesh.num_devices, devices, num_slices=config.system.num_slices)
     batch = plan_lib.batch_plan_for_mesh(config, mesh)

@@ -33,19 +33,20 @@ def test_config_files_found():
     assert {"default.py", "demo.py"} <= {p.name for p in CONFIG_FILES}
 
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
-_README_OPTIMIZER = re.compile(r"(SGD|LARS), (\w+) \(([\d.]+), ([\d.]+) ep\)(?:, smoothing ([\d.]+))?")
+CONFIGS_PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "configs.md"
+_TABLE_OPTIMIZER = re.compile(r"(SGD|LARS), (\w+) \(([\d.]+), ([\d.]+) ep\)(?:, smoothing ([\d.]+))?")
 
 
-def _readme_config_table() -> dict[str, dict]:
-    """README.md's table of configs, one row per `configs/` file: what a user reads before running one."""
+def _documented_configs() -> dict[str, dict]:
+    """docs/configs.md's table of configs, one row per `configs/` file: what a user reads before running
+    one."""
     rows = {}
-    for line in README.read_text().splitlines():
+    for line in CONFIGS_PAGE.read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) != 8 or not re.fullmatch(r"`\w+\.py`", cells[0]):
             continue
         _, _, devices, batch, optimizer, compute, bn_span, steps = cells
-        name, schedule, peak, warmup, smoothing = _README_OPTIMIZER.fullmatch(optimizer).groups()
+        name, schedule, peak, warmup, smoothing = _TABLE_OPTIMIZER.fullmatch(optimizer).groups()
         rows[cells[0].strip("`")] = {
             "devices": -1 if devices == "all" else int(devices), "global_batch_size": int(batch),
             "optimizer": name.lower(), "schedule": schedule, "peak_learning_rate": peak,
@@ -54,19 +55,19 @@ def _readme_config_table() -> dict[str, dict]:
     return rows
 
 
-def test_the_readme_table_lists_every_config_file():
-    assert set(_readme_config_table()) == {p.name for p in CONFIG_FILES}
+def test_the_configs_page_lists_every_config_file():
+    assert set(_documented_configs()) == {p.name for p in CONFIG_FILES}
 
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.stem)
-def test_config_file_validates_and_is_what_the_readme_table_says(path):
+def test_config_file_validates_and_is_what_the_configs_page_says(path):
     config = _load_config_module(path).get_config()
     validate(config)
     # The system's own device count when the config pins one, else a power of two any config runs on.
     num_devices = config.mesh.num_devices if config.mesh.num_devices > 0 else 4
     validate(config, num_devices=num_devices)
     plan = derive(config, config.data.num_train_examples, num_devices=num_devices)
-    row = _readme_config_table()[path.name]
+    row = _documented_configs()[path.name]
     assert plan.total_steps == row["steps"]
     assert (config.mesh.num_devices, plan.global_batch_size) == (row["devices"], row["global_batch_size"])
     assert (config.optimizer.name, config.schedule.name) == (row["optimizer"], row["schedule"])
@@ -82,6 +83,25 @@ def test_config_file_validates_and_is_what_the_readme_table_says(path):
     span = row["bn_span"]
     expected_group = -1 if span == "global" else 0 if span.startswith("per ") else int(span.split()[0])
     assert config.model.bn_group_size == expected_group
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("num_visible", [1, 3, 8])
+def test_a_config_for_more_devices_than_visible_is_refused_with_overrides_that_validate(path, num_visible):
+    """The refusal's advice leads somewhere: applying the overrides it names leaves nothing refused on the
+    devices there are (3: a count that divides no shipped batch)."""
+    config = _load_config_module(path).get_config()
+    if config.mesh.num_devices <= num_visible:
+        return  # Such a config runs here as it is.
+    overrides = config_lib.overrides_for_devices(config, num_visible)
+    message = str(config_lib.too_few_devices_error(config, num_visible, "cpu"))
+    assert message.startswith("config.mesh.num_devices: ") and "\n" not in message
+    assert " ".join(f"--config.{k}={v}" for k, v in overrides.items()) in message
+    assert ("python -m resnet_scaling.compile" in message) == bool(config.system.topology)
+    for field, value in overrides.items():
+        section, name = field.split(".")
+        config[section][name] = value
+    validate(config, num_devices=num_visible)
 
 
 def test_base_config_validates_on_a_pod_slice():
@@ -468,9 +488,9 @@ def test_system_configs_name_their_hardware_and_precision(path):
 
 
 @pytest.mark.parametrize("num_devices", [1, 2, 4, 8])
-def test_the_demo_validates_on_the_device_counts_the_readme_promises(num_devices):
-    # README's table: the demo runs on "all" devices; XLA_FLAGS=--xla_force_host_platform_device_count=8
-    # is how a CPU user gets 8.
+def test_the_demo_validates_on_the_device_counts_the_docs_promise(num_devices):
+    # docs/configs.md's table: the demo runs on "all" devices;
+    # XLA_FLAGS=--xla_force_host_platform_device_count=8 is how a CPU user gets 8.
     validate(_load_config_module(CONFIGS_DIR / "demo.py").get_config(), num_devices=num_devices)
 
 
@@ -500,7 +520,9 @@ def test_validation_reports_every_problem_at_once():
     with pytest.raises(ConfigError) as refused:
         validate(config, num_devices=8)
     message = str(refused.value)
-    assert message.startswith("3 problems: ") and "\n" not in message
+    assert message.startswith("3 problems: (1) config.") and "\n" not in message
+    # Each problem whole, numbered, with its own full stop: no ".;" where two messages meet.
+    assert ".;" not in message and " (2) config." in message and " (3) config." in message, message
     for field in ("config.training.global_batch_size: 1004 is not divisible by the 8 devices",
                   "config.eval.global_batch_size: 500 is not divisible", "config.optimizer.momentum"):
         assert field in message, message

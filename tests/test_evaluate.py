@@ -186,7 +186,7 @@ def test_the_command_evaluates_a_synthetic_run_and_writes_its_json(tmp_path):
     old = json.loads(saved.read_text())
     del old["model"]["zero_init_last_bn_scale"], old["eval"]["target_top1"]
     saved.write_text(json.dumps(old))
-    proc = _evaluate_command(f"--workdir={tmp_path}")
+    proc = _evaluate_command(f"--workdir={tmp_path}", "--verbosity=1")  # 1: debug lines, the memory's too.
     assert proc.returncode == 0, proc.stderr[-3000:]
     written = json.loads((tmp_path / "eval_export_eval.json").read_text())
     final = result.eval_history[-1]

@@ -284,11 +284,11 @@ def _table_names(text: str) -> set[str]:
     return set(re.findall(r"`(\w+\.py|\w+/)`", table))
 
 
-def test_the_readme_and_each_package_name_every_module_in_their_tables():
-    """The README's "How it works" table names every top-level module and package; each package's own
+def test_the_docs_and_each_package_name_every_module_in_their_tables():
+    """docs/how_it_works.md's table names every top-level module and package; each package's own
     docstring table names every module in it."""
-    readme = (REPO / "README.md").read_text()
-    named = _table_names(readme[readme.index("| module | job |") - 1:])
+    page = (REPO / "docs" / "how_it_works.md").read_text()
+    named = _table_names(page[page.index("| module | job |") - 1:])
     package = REPO / "resnet_scaling"
     modules = {p.name for p in package.glob("*.py") if p.name != "__init__.py"}
     packages = [p for p in package.iterdir() if (p / "__init__.py").is_file()]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ import ml_collections
 from resnet_scaling import mesh as mesh_lib
 from resnet_scaling import metrics, training_setup
 from resnet_scaling.analysis import hardware, hlo
+from resnet_scaling.errors import MissingExtraError, RunError
 
 
 @dataclasses.dataclass
@@ -62,24 +64,48 @@ class CompileReport:
     largest_collectives: list[dict[str, Any]]
 
 
+class TopologyError(RunError, RuntimeError):
+    """libtpu cannot describe a topology: a name it does not know, or bounds that do not divide it."""
+
+
+def _libtpu_installed() -> bool:
+    """Whether JAX can load libtpu, looking where JAX looks: $TPU_LIBRARY_PATH, else the `libtpu` package
+    (the `tpu` extra's jax[tpu])."""
+    if os.path.isfile(os.environ.get("TPU_LIBRARY_PATH", "")):
+        return True
+    try:
+        import libtpu  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def topology_devices(topology: str, chips_per_host_bounds: Sequence[int] = (2, 2, 1),
                      num_slices: int = 1) -> list[jax.Device]:
     """The devices of a TPU topology such as "v2:16x16" (the full v2 Pod: 512 devices), from libtpu.
 
     Raises:
-      RuntimeError: libtpu is not installed (`pip install -e '.[tpu]'`).
+      MissingExtraError: libtpu is not installed (the `tpu` extra).
+      TopologyError: libtpu cannot describe the topology (also a RuntimeError).
     """
+    if not _libtpu_installed():
+        raise MissingExtraError(
+            "ahead-of-time compilation for a TPU topology needs libtpu, which is not installed: pip install "
+            "'resnet_scaling[tpu]' (from a checkout: pip install -e '.[tpu]'); no TPU is needed.")
     from jax.experimental import topologies
 
     try:
         description = topologies.get_topology_desc(
             platform="tpu", topology_name=topology, chips_per_host_bounds=tuple(chips_per_host_bounds),
             num_slices=num_slices)
-    except Exception as e:  # noqa: BLE001 - jax raises several types when libtpu is missing.
-        raise RuntimeError(
-            f"Cannot describe TPU topology {topology!r}: {e}. Ahead-of-time compilation needs libtpu "
-            "(pip install -e '.[tpu]'); if another process holds libtpu's lock, set "
-            "ALLOW_MULTIPLE_LIBTPU_LOAD=1 (python -m resnet_scaling.compile does).") from e
+    except Exception as e:  # noqa: BLE001 - jax raises several types (JaxRuntimeError, RuntimeError).
+        cause = str(e).splitlines()[0].rstrip(".") if str(e) else type(e).__name__
+        lock = ("" if os.environ.get("ALLOW_MULTIPLE_LIBTPU_LOAD") else
+                " If another process holds libtpu's lock, set ALLOW_MULTIPLE_LIBTPU_LOAD=1.")
+        raise TopologyError(
+            f"TPU topology {topology!r} ({tuple(chips_per_host_bounds)} chips per host, {num_slices} "
+            f"slice(s)): libtpu cannot describe it: {cause}. Topologies look like v2:16x16 or v4:2x2x4."
+            + lock) from e
     return list(description.devices)
 
 

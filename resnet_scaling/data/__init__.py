@@ -79,6 +79,7 @@ def create_data_source(
         return ArraySource(
             *arrays, batch=batch, mesh=mesh, seed=config.seed, shuffle=data.shuffle,
             num_classes=config.model.num_classes, image_size=data.image_size,
+            class_names=data.get("class_names"),
         )
     if source in _TF_DATA_SOURCES:
         tf_import.import_tensorflow_for_host()

@@ -40,6 +40,8 @@ class DataSource(Protocol):
 
     num_train_examples: int  # Defines an epoch.
     num_eval_examples: int  # Evaluation covers exactly these.
+    # Label i's name (a class folder's, a TFDS label's, the user's for arrays); None where the data has none.
+    class_names: list[str] | None
 
     def train_batches(self, start_step: int = 0) -> Iterator[Batch]:
         """Endless global training batches, starting with the one step `start_step` would see."""

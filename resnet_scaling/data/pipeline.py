@@ -53,6 +53,7 @@ class Shares:
     num_eval_examples: int
     num_classes: int | None  # None where the dataset does not say.
     description: str  # For the start-up log line.
+    class_names: list[str] | None = None  # Label i's name: a class folder's, a TFDS label's; None: unnamed.
 
 
 def record_shares(config: ml_collections.ConfigDict, process_index: int, process_count: int) -> Shares:
@@ -72,7 +73,8 @@ def record_shares(config: ml_collections.ConfigDict, process_index: int, process
             for split, shuffle in ((data.train_split, data.shuffle), (data.eval_split, False)))
         return Shares(train, evaluation, tfds_data.num_examples(builder, data.train_split),
                       tfds_data.num_examples(builder, data.eval_split),
-                      tfds_data.num_classes(builder, data.label_key), f"TFDS {builder.info.full_name}")
+                      tfds_data.num_classes(builder, data.label_key), f"TFDS {builder.info.full_name}",
+                      tfds_data.class_names(builder, data.label_key))
     root = data.folder
     if data.source == "shapes":
         root = shapes.shapes_folder(data.cache_dir, num_train=data.num_train_examples,
@@ -93,7 +95,7 @@ def record_shares(config: ml_collections.ConfigDict, process_index: int, process
     ignored = train_files.num_ignored + eval_files.num_ignored
     description = f"class folders in {root}" + (f" ({ignored} non-image files ignored)" if ignored else "")
     return Shares(train, evaluation, len(train_files.paths), len(eval_files.paths),
-                  len(train_files.class_names), description)
+                  len(train_files.class_names), description, list(train_files.class_names))
 
 
 def preprocess_config(data: ml_collections.ConfigDict, *, mlperf: bool = False
@@ -142,6 +144,7 @@ class TFDataSource:
         """
         self.num_train_examples = shares.num_train_examples
         self.num_eval_examples = shares.num_eval_examples
+        self.class_names = shares.class_names
         self._train, self._eval = shares.train, shares.eval
         self._process_index = jax.process_index() if process_index is None else process_index
         self._process_count = batch.num_processes

@@ -10,6 +10,8 @@ import os
 
 import numpy as np
 
+# make_shapes' labels index these. Written as class folders (the "shapes" source), they are read back as
+# folders are, numbered in sorted order: the demo's label 0 is "checkerboard" (its export's class_names).
 CLASS_NAMES = (
     "disc",
     "square",

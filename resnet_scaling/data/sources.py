@@ -5,7 +5,7 @@ The tf.data sources (TFDS, class folders, shapes) are in pipeline.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +35,7 @@ class SyntheticSource:
                  num_train_examples: int, num_eval_examples: int, num_batches: int = 4, seed: int = 0):
         self.num_train_examples = num_train_examples
         self.num_eval_examples = num_eval_examples
+        self.class_names = None  # Random labels name nothing.
         self._mesh = mesh
         self._image_size = image_size
         self._num_classes = num_classes
@@ -71,11 +72,16 @@ class ArraySource:
 
     Every process passes the full arrays and reads its `process_share`. Training runs across epochs, each
     permuted by (seed, epoch, process): step s always sees the same images, so a restart needs no replay.
+    `class_names` (label i's name, `config.data.class_names`) is kept for the export; None: unnamed.
     """
 
     def __init__(self, train_images: np.ndarray, train_labels: np.ndarray, eval_images: np.ndarray,
                  eval_labels: np.ndarray, *, batch: BatchPlan, mesh: Mesh, seed: int = 0,
-                 shuffle: bool = True, num_classes: int | None = None, image_size: int | None = None):
+                 shuffle: bool = True, num_classes: int | None = None, image_size: int | None = None,
+                 class_names: Sequence[str] | None = None):
+        self.class_names = _checked_class_names(class_names, num_classes)
+        if num_classes is None and self.class_names is not None:
+            num_classes = len(self.class_names)  # Labels must then index the names.
         for name, images, labels in (("train", train_images, train_labels),
                                      ("eval", eval_images, eval_labels)):
             _check_arrays(name, images, labels, num_classes, image_size)
@@ -126,6 +132,20 @@ class ArraySource:
             local = {"images": self._eval_images[i * b: (i + 1) * b],
                      "labels": self._eval_labels[i * b: (i + 1) * b]}
             yield mesh_lib.host_local_to_global(pad_batch(local, b), self._mesh)
+
+
+def _checked_class_names(class_names: Sequence[str] | None, num_classes: int | None) -> list[str] | None:
+    """`class_names` as a list, refused unless they are strings, one per class (not necessarily distinct:
+    ImageNet's readable names repeat "crane" and "maillot")."""
+    if class_names is None:
+        return None
+    if isinstance(class_names, str) or not all(isinstance(n, str) for n in class_names):
+        raise ValueError(f"class_names must be a sequence of strings, one per label, got {class_names!r}.")
+    names = list(class_names)
+    if num_classes is not None and len(names) != num_classes:
+        raise ValueError(f"{len(names)} class names for {num_classes} classes (config.model.num_classes); "
+                         "give one name per label, in label order.")
+    return names
 
 
 def _check_arrays(name: str, images: np.ndarray, labels: np.ndarray, num_classes: int | None,

@@ -78,6 +78,13 @@ def num_classes(builder: tfds.core.DatasetBuilder, label_key: str) -> int | None
     return getattr(builder.info.features[label_key], "num_classes", None)
 
 
+def class_names(builder: tfds.core.DatasetBuilder, label_key: str) -> list[str] | None:
+    """The label feature's names in label order (imagenet2012: WordNet ids such as n01440764), if TFDS
+    knows them (a `ClassLabel`; one made from a count names its labels "0", "1", ...)."""
+    names = getattr(builder.info.features[label_key], "names", None)
+    return [str(name) for name in names] if names else None
+
+
 def num_examples(builder: tfds.core.DatasetBuilder, split: str) -> int:
     """Examples in `split` (sub-split strings count too)."""
     return builder.info.splits[split].num_examples

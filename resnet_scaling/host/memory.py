@@ -42,12 +42,12 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         mallopt = None
     if mallopt is None:  # musl, macOS: other allocators, other rules.
-        logger.info("Host memory: no glibc mallopt in this C library; its allocator is left as it is.")
+        logger.debug("Host memory: no glibc mallopt in this C library; its allocator is left as it is.")
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     kept = all([mallopt(param, value) == 1 for param, value in SETTINGS])
-    if kept:
-        logger.info("Host memory: what a step frees is kept for the next (glibc mallopt).")
+    if kept:  # An allocator setting, not news for the console: the debug log says it.
+        logger.debug("Host memory: what a step frees is kept for the next (glibc mallopt).")
     return kept
 
 

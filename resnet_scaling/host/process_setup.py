@@ -25,6 +25,14 @@ def start_host_compiler() -> None:
     libtpu's single-process lock: compiling needs no TPU, and a run may be using it."""
     jax.config.update("jax_platforms", "cpu")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    if xla_flags.detect_backend(env={}) != "tpu":  # By the device files alone: a TPU VM has its metadata.
+        # libtpu starts by reading this host's place in its slice from the TPU VM's metadata. Elsewhere it
+        # finds none and, before its logging is set up (no log-level variable reaches it), prints five lines
+        # ("could not determine TPU accelerator type", "E0000 ... INVALID_ARGUMENT: unexpected worker
+        # hostname", a "Source Location Trace"), then describes the topology anyway. A one-host slice's
+        # values keep it quiet; the compiled programs are the same (tests/test_compile.py compares them).
+        os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+        os.environ.setdefault("TPU_HOST_BOUNDS", "1,1,1")
 
 
 def start_process(*, throughput_flags: bool = True, keep_freed_memory: bool = True,
