@@ -51,8 +51,9 @@ _LOG_TIME = re.compile(r"^[IWE]\d{4} (\d\d:\d\d:\d\d\.\d+) .*?\] (.*)$")
 
 
 def train_command(workdir: Path, cache_dir: Path, *extra: str) -> list[str]:
+    # --verbosity=0: absl's prefix on the console, whose microsecond stamps time the phases (_LOG_TIME).
     return [sys.executable, "-m", "resnet_scaling.train", "--config=demo", f"--workdir={workdir}",
-            f"--config.data.cache_dir={cache_dir}", *OVERRIDES, *extra]
+            f"--config.data.cache_dir={cache_dir}", *OVERRIDES, "--verbosity=0", *extra]
 
 
 def submit(cluster, output: Path, command: list[str], kill_on_bad_exit: bool = True) -> str:

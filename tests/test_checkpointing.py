@@ -182,9 +182,9 @@ def _committed_steps(checkpoints: pathlib.Path) -> list[int]:
 
 def _logged_steps(log: str) -> list[int]:
     """The steps a run logged, in order: the worker's lines ("step 5/60 (epoch ...") and the command
-    line's (absl's prefix, then "] step 5/60 (epoch ..."); a line still being written counts once its
+    line's (the time of day, then "step 5/60 (epoch ..."); a line still being written counts once its
     step number is complete."""
-    return [int(step) for step in re.findall(r"(?:^|\] )step (\d+)/\d+ \(epoch", log, flags=re.M)]
+    return [int(step) for step in re.findall(r"^(?:\d\d:\d\d:\d\d )?step (\d+)/\d+ \(epoch", log, flags=re.M)]
 
 
 def _compile_sec(log: str) -> float:

@@ -39,6 +39,21 @@ NUM_SCALAR_METRICS = 3  # loss, top-1 and top-5 are means over the global batch
 SLICE_TOPOLOGY, NUM_SLICES = "v5e:2x2", 2
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_persistent_cache():
+    """The suite's persistent cache off for this module, as the compile command has it (host/process_setup):
+    a topology's program is written there but cannot be read back without a TPU client, so a second
+    compile of one program warned "INVALID_ARGUMENT: PjRtCompiler must be constructed with a Client"."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    saved = jax.config.values["jax_enable_compilation_cache"]
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()  # The cache is set up once per process, at the first compile.
+    yield
+    jax.config.update("jax_enable_compilation_cache", saved)
+    compilation_cache.reset_cache()
+
+
 @pytest.fixture(scope="module")
 def devices():
     return aot.topology_devices(TOPOLOGY)

@@ -83,7 +83,8 @@ def test_a_preempted_sbatch_job_resumes_with_the_same_command_and_a_killed_task_
     # Job 1: `scancel --signal=TERM` once it trains: a checkpoint at the step where both tasks stop.
     output = tmp_path / "preempted.out"
     job = _sbatch(slurm, demo_data, workdir, output)
-    _wait(lambda: re.search(rf"\] step \d+/{NUM_STEPS}", _text(output)), "training step", slurm, job, output)
+    _wait(lambda: re.search(rf"\d\d:\d\d:\d\d step \d+/{NUM_STEPS}", _text(output)), "training step", slurm,
+          job, output)
     signalled = time.monotonic()
     subprocess.run(["scancel", "--signal=TERM", job], env=slurm.env, check=True)
     _wait(lambda: slurm.ended(job), "end after SIGTERM", slurm, job, output, timeout_sec=KILL_WAIT_SEC + 30)

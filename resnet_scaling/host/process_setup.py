@@ -24,6 +24,10 @@ def start_host_compiler() -> None:
     runs on the host, so never initialise a local accelerator (a CPU machine has none), and do not take
     libtpu's single-process lock: compiling needs no TPU, and a run may be using it."""
     jax.config.update("jax_platforms", "cpu")
+    # A topology's compiled program can be written to JAX's persistent cache (JAX_COMPILATION_CACHE_DIR)
+    # but not read back without a TPU client: each later compile warns "INVALID_ARGUMENT: PjRtCompiler
+    # must be constructed with a Client" and compiles again. The cache cannot help here, so it stays off.
+    jax.config.update("jax_enable_compilation_cache", False)
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     if xla_flags.detect_backend(env={}) != "tpu":  # By the device files alone: a TPU VM has its metadata.
         # libtpu starts by reading this host's place in its slice from the TPU VM's metadata. Elsewhere it
