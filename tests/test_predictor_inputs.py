@@ -54,3 +54,29 @@ def test_a_file_run_crops_and_resizes_as_its_evaluation_did():
         predictor(np.zeros((1, 64, 64, 3), np.uint8))
     with pytest.raises(ValueError, match="uint8 RGB images"):
         predictor.prepare([np.zeros((40, 40), np.uint8)])
+
+
+def test_prepare_in_a_fresh_process_prints_nothing(tmp_path):
+    """A research script's first `prepare` imports TensorFlow, whose C++ runtime printed its oneDNN and
+    logging notices (twice) on the script's stderr."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    script = ("import jax, jax.numpy as jnp, numpy as np\n"
+              "from resnet_scaling import models\n"
+              "from resnet_scaling.predict import Predictor\n"
+              "from tests.helpers import tiny_config\n"
+              "config = tiny_config(data__source='folders', data__eval_resize_size=36)\n"
+              "model = models.model_from_config(config)\n"
+              "variables = model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)), train=False)\n"
+              "predictor = Predictor(jax.device_get(variables), config)\n"
+              "print(predictor.prepare(np.zeros((1, 48, 72, 3), np.uint8)).shape)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL",)}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=repo, env={**env, "PYTHONPATH": str(repo)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "(1, 32, 32, 3)"
+    assert "oneDNN" not in proc.stderr and "InitializeLog" not in proc.stderr, proc.stderr
