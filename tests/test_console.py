@@ -180,3 +180,33 @@ def test_library_users_see_progress_without_configuring_logging(tmp_path):
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "step 4/4" in proc.stderr and "Done: step 4 of 4" in proc.stderr
+
+
+def test_the_console_shows_the_time_and_the_message_and_names_other_libraries_warnings():
+    """absl's prefix ("I1205 18:31:42.725527 139642937236352 trainer.py:439] ") is gone from the console;
+    a warning or an error says so, with the library's name when it is another's, whose traceback is one
+    pointer to the log file (ours stays whole: it is the error the user reads)."""
+    import logging
+
+    from resnet_scaling.console import ConsoleFormatter
+
+    def record(name, level, message, exc_info=None):
+        made = logging.LogRecord(name, level, "trainer.py", 439, message, (), exc_info)
+        made.created = time.mktime((2026, 12, 5, 18, 31, 42, 0, 0, -1)) + 0.725
+        return made
+
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        failure = sys.exc_info()
+    formatter = ConsoleFormatter("/w/logs/h-1.log")
+    assert formatter.format(record("resnet_scaling.trainer", logging.INFO, "step 25/563")) == \
+        "18:31:42 step 25/563"
+    assert formatter.format(record("resnet_scaling.trainer", logging.WARNING, "Resuming")) == \
+        "18:31:42 warning: Resuming"
+    assert formatter.format(record("absl", logging.WARNING, "Variant folder")) == \
+        "18:31:42 warning (absl): Variant folder"
+    assert formatter.format(record("orbax.checkpoint.x", logging.ERROR, "save failed", failure)) == \
+        "18:31:42 error (orbax): save failed [traceback: /w/logs/h-1.log]"
+    ours = formatter.format(record("resnet_scaling.train", logging.ERROR, "The run failed:", failure))
+    assert ours.startswith("18:31:42 error: The run failed:\nTraceback") and ours.endswith("ValueError: boom")
