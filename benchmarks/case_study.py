@@ -56,7 +56,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # planner's TPU v2 curve, one point per slice.
 V2_COMPILE_REPORTS = tuple(RESULTS / "compile" / f"{name}.json"
                            for name in ("tpu_v2_8", "tpu_v2_32", "tpu_v2_128", "tpu_v2_256", "pod"))
-CASE_STUDY_WORKLOAD = "ResNet-50 v1.5 (64 filters), imagenet2012, 224 px"
+CASE_STUDY_WORKLOAD = planning.CASE_STUDY_WORKLOAD
 SYNTHETIC = "measured (synthetic data)"
 CHIP_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # Where the all-reduce model's curves are evaluated.
 
@@ -123,52 +123,6 @@ PUBLISHED: tuple[System, ...] = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class Workload:
-    """What a run trained, read from its summary's `config` section.
-
-    Attributes:
-      label: for tables and charts ("resnet18 (16 filters), shapes, 32 px").
-      mismatches: how it differs from the case study's workload; empty if it is that workload.
-      synthetic: the case study's model and image size on generated data.
-    """
-
-    label: str
-    mismatches: tuple[str, ...]
-    synthetic: bool = False
-
-
-def workload_of(config: Mapping[str, Any]) -> Workload:
-    """The workload a summary's `config` describes, and how it differs from the case study's."""
-    model, data = config.get("model", {}), config.get("data", {})
-    name, filters, size = model.get("name"), model.get("num_filters"), data.get("image_size")
-    source, dataset = data.get("source"), str(data.get("dataset", ""))
-    dataset_name = dataset.split("/")[0].split(":")[0]  # "imagenet2012:5.1.0" -> "imagenet2012".
-
-    def got(value: Any) -> str:
-        return "not recorded" if value is None else repr(value)
-
-    mismatches = []
-    if name != "resnet50":
-        mismatches.append(f"model.name is {got(name)}, not 'resnet50'")
-    if filters != 64:
-        mismatches.append(f"model.num_filters is {got(filters)}, not 64 (ResNet-50's width)")
-    if size != 224:
-        mismatches.append(f"data.image_size is {got(size)}, not 224")
-    if source == "tfds" and dataset_name != "imagenet2012":
-        mismatches.append(f"data.dataset is {dataset!r}, not 'imagenet2012'")
-    elif source not in ("tfds", "synthetic"):
-        why = " (a summary does not say what class folders hold)" if source == "folders" else ""
-        mismatches.append(f"data.source is {got(source)}, not 'tfds' (imagenet2012){why}")
-    data_label = "synthetic data" if source == "synthetic" else dataset_name if source == "tfds" else source
-    label = f"{name} ({filters} filters), {data_label}, {size} px"
-    return Workload(label, tuple(mismatches), source == "synthetic" and not mismatches)
-
-
-class WorkloadError(ValueError):
-    """A summary of another workload, passed without --allow_other_workloads."""
-
-
 def system_from_summary(summary: Mapping[str, Any], name: str | None = None) -> System:
     """A measured row from a `summary.json` (the steady-state images/sec of that run)."""
     run, config = summary["run"], summary.get("config", {})
@@ -178,7 +132,7 @@ def system_from_summary(summary: Mapping[str, Any], name: str | None = None) -> 
         raise ValueError(f"{name or kind}: the summary has no steady-state images/sec (no timed region).")
     accelerator = next((k for k in ("V100", "TPU v2") if k in kind), kind)
     label = name or config.get("system", {}).get("name") or f"{run['devices']}x {kind}"
-    workload = workload_of(config)
+    workload = planning.workload_of(config)
     return System(label, SYNTHETIC if workload.synthetic else "measured", accelerator,
                   max(1, run["devices"] // hardware.devices_per_chip(kind)), float(images_per_sec), None,
                   f"measured: summary.json, {run['devices']} devices, batch {run['global_batch_size']}; "
@@ -195,9 +149,9 @@ def load_measured(paths: Sequence[str], allow_other_workloads: bool) -> tuple[li
     for path in paths:
         file = Path(path) / "summary.json" if Path(path).is_dir() else Path(path)
         summary = json.loads(file.read_text())
-        mismatches = workload_of(summary.get("config", {})).mismatches
+        mismatches = planning.workload_of(summary.get("config", {})).mismatches
         if mismatches and not allow_other_workloads:
-            raise WorkloadError(
+            raise planning.WorkloadError(
                 f"{file}: not the case study's workload ({CASE_STUDY_WORKLOAD}): {'; '.join(mismatches)}. "
                 "Its images/sec is not comparable with the V100 and TPU figures. Pass "
                 "--allow_other_workloads to report it in a separate section and chart (other_workloads.png), "
@@ -621,7 +575,7 @@ def main(argv: list[str]) -> str:
         p.error("--tpu_v2_chip_images_per_sec must be positive.")
     try:
         measured, others = load_measured(args.summaries, args.allow_other_workloads)
-    except WorkloadError as e:
+    except planning.WorkloadError as e:
         p.error(str(e))
     systems = [*(() if args.no_published else PUBLISHED), *measured]
     if not systems:

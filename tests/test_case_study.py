@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from resnet_scaling import metrics
+from resnet_scaling.analysis import planning
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("case_study", REPO / "benchmarks" / "case_study.py")
@@ -81,21 +82,21 @@ def test_report_and_charts_from_fixture_summaries(tmp_path):
 
 
 def test_workload_of_reads_the_run_config():
-    assert case_study.workload_of(_shipped_config("pod")).mismatches == ()
+    assert planning.workload_of(_shipped_config("pod")).mismatches == ()
     versioned = _with_data(_shipped_config("pod"), dataset="imagenet2012:5.1.0")
-    assert case_study.workload_of(versioned).mismatches == ()
-    demo = case_study.workload_of(_shipped_config("demo"))
+    assert planning.workload_of(versioned).mismatches == ()
+    demo = planning.workload_of(_shipped_config("demo"))
     assert demo.label == "resnet18 (16 filters), shapes, 32 px" and not demo.synthetic
     assert [m.split(" is ")[0] for m in demo.mismatches] == [
         "model.name", "model.num_filters", "data.image_size", "data.source"]
-    other_tfds = case_study.workload_of(_with_data(_shipped_config("pod"), dataset="imagenette"))
+    other_tfds = planning.workload_of(_with_data(_shipped_config("pod"), dataset="imagenette"))
     assert other_tfds.mismatches == ("data.dataset is 'imagenette', not 'imagenet2012'",)
-    synthetic = case_study.workload_of(_with_data(_shipped_config("pod"), source="synthetic"))
+    synthetic = planning.workload_of(_with_data(_shipped_config("pod"), source="synthetic"))
     assert synthetic.mismatches == () and synthetic.synthetic
     assert "synthetic data" in synthetic.label
-    folders = case_study.workload_of(_with_data(_shipped_config("pod"), source="folders"))
+    folders = planning.workload_of(_with_data(_shipped_config("pod"), source="folders"))
     assert "class folders" in folders.mismatches[0]
-    assert all("not recorded" in m for m in case_study.workload_of({}).mismatches)  # An older summary.
+    assert all("not recorded" in m for m in planning.workload_of({}).mismatches)  # An older summary.
 
 
 def test_other_workloads_are_refused_by_default(tmp_path, capsys):
@@ -114,7 +115,7 @@ def test_other_workloads_are_refused_by_default(tmp_path, capsys):
     small = tmp_path / "r50_32px.json"  # The right model at another image size is another workload too.
     small.write_text(json.dumps(_fixture_summary(8, "TPU v2", 9000.0, config=_with_data(
         _shipped_config("pod"), image_size=32))))
-    with pytest.raises(case_study.WorkloadError, match="data.image_size is 32, not 224"):
+    with pytest.raises(planning.WorkloadError, match="data.image_size is 32, not 224"):
         case_study.load_measured([str(small)], allow_other_workloads=False)
 
 

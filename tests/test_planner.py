@@ -24,7 +24,13 @@ GPU_SUMMARY = {"run": {"devices": 8, "device_kind": "NVIDIA H200", "process_coun
                        "global_batch_size": 4096},
                "throughput": {"images_per_sec": 64_000.0}, "time": {"eval_sec": 20.0},
                "accuracy": {"num_evals": 10},
-               "config": {"system": {"name": "8x H200"}, "data": {"num_train_examples": 1_281_167}}}
+               "config": {"system": {"name": "8x H200"}, "model": {"name": "resnet50", "num_filters": 64},
+                          "data": {"num_train_examples": 1_281_167, "image_size": 224, "source": "tfds",
+                                   "dataset": "imagenet2012"}}}
+# The demo's run as its summary.json records it: another model, width, image size and dataset.
+DEMO_SUMMARY = {**GPU_SUMMARY, "config": {
+    "model": {"name": "resnet18", "num_filters": 16},
+    "data": {"num_train_examples": 12_000, "image_size": 32, "source": "shapes", "dataset": "imagenet2012"}}}
 
 
 def test_the_pods_uncompensated_time_and_cost_to_the_target_worked_out_by_hand():
@@ -144,3 +150,20 @@ def test_the_command_prints_compensated_rows_writes_json_and_a_chart(tmp_path):
     assert missing.returncode == 1
     assert missing.stderr.strip().endswith(f"no such file: {tmp_path / 'none.json'}")
     assert math.isfinite(written["tpu_factor"]["value"])
+
+
+def test_a_summary_of_another_workload_is_refused_in_one_line_naming_what_differs(tmp_path):
+    """The demo's summary.json (ResNet-18 at a quarter width, 32 px, generated shapes) once gave an MLPerf
+    clock for ImageNet; a summary without its config (an older run) cannot show it is ResNet-50 either."""
+    with pytest.raises(planning.WorkloadError, match="model.name is 'resnet18', not 'resnet50'"):
+        planning.system_from_summary(DEMO_SUMMARY)
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "summary.json").write_text(json.dumps(DEMO_SUMMARY))
+    result = subprocess.run([sys.executable, "-m", "resnet_scaling.planner", str(tmp_path / "demo")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and result.stdout == "", result.stdout
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr
+    assert result.stderr.startswith(f"error: {tmp_path / 'demo'}: not the workload the planner plans "
+                                    "(ResNet-50 v1.5 (64 filters), imagenet2012, 224 px): model.name is "
+                                    "'resnet18', not 'resnet50'; model.num_filters is 16"), result.stderr
+    assert "data.image_size is 32, not 224" in result.stderr and "data.source is 'shapes'" in result.stderr

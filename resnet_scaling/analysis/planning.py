@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from resnet_scaling.analysis import convergence, hardware
+from resnet_scaling.errors import RunError
 
 CASE_STUDY_EPOCHS = 90  # The case study's timed epochs (after one warm-up epoch), at 76% top-1.
 MLPERF_EVAL_EVERY_EPOCHS = 4  # MLPerf's rules for ResNet-50: an evaluation pass every 4 epochs.
@@ -148,10 +149,70 @@ def system_from_report(report: Mapping[str, Any]) -> System:
         num_train_examples=int(report["num_train_examples"]))
 
 
+# What the planner plans and the case study measured: ResNet-50 at 224 px on ImageNet (or on generated
+# data of that size, which times the same step).
+CASE_STUDY_WORKLOAD = "ResNet-50 v1.5 (64 filters), imagenet2012, 224 px"
+
+
+class WorkloadError(RunError, ValueError):
+    """A run's summary of another workload (model, width, image size or dataset), which neither the
+    planner nor the case study's report can set beside ImageNet's figures."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What a run trained, read from its summary's `config` section.
+
+    Attributes:
+      label: for tables and charts ("resnet18 (16 filters), shapes, 32 px").
+      mismatches: how it differs from the case study's workload; empty if it is that workload.
+      synthetic: the case study's model and image size on generated data.
+    """
+
+    label: str
+    mismatches: tuple[str, ...]
+    synthetic: bool = False
+
+
+def workload_of(config: Mapping[str, Any]) -> Workload:
+    """The workload a summary's `config` describes, and how it differs from the case study's."""
+    model, data = config.get("model", {}), config.get("data", {})
+    name, filters, size = model.get("name"), model.get("num_filters"), data.get("image_size")
+    source, dataset = data.get("source"), str(data.get("dataset", ""))
+    dataset_name = dataset.split("/")[0].split(":")[0]  # "imagenet2012:5.1.0" -> "imagenet2012".
+
+    def got(value: Any) -> str:
+        return "not recorded" if value is None else repr(value)
+
+    mismatches = []
+    if name != "resnet50":
+        mismatches.append(f"model.name is {got(name)}, not 'resnet50'")
+    if filters != 64:
+        mismatches.append(f"model.num_filters is {got(filters)}, not 64 (ResNet-50's width)")
+    if size != 224:
+        mismatches.append(f"data.image_size is {got(size)}, not 224")
+    if source == "tfds" and dataset_name != "imagenet2012":
+        mismatches.append(f"data.dataset is {dataset!r}, not 'imagenet2012'")
+    elif source not in ("tfds", "synthetic"):
+        why = " (a summary does not say what class folders hold)" if source == "folders" else ""
+        mismatches.append(f"data.source is {got(source)}, not 'tfds' (imagenet2012){why}")
+    data_label = "synthetic data" if source == "synthetic" else dataset_name if source == "tfds" else source
+    label = f"{name} ({filters} filters), {data_label}, {size} px"
+    return Workload(label, tuple(mismatches), source == "synthetic" and not mismatches)
+
+
 def system_from_summary(summary: Mapping[str, Any]) -> System:
-    """A system from a run's `summary.json`: its steady-state step and evaluation time (measured)."""
+    """A system from a run's `summary.json`: its steady-state step and evaluation time (measured).
+
+    Raises:
+      WorkloadError: the run trained another workload than ResNet-50 on ImageNet at 224 px (the demo,
+        say): its step says nothing about ImageNet's time to target.
+    """
     run, throughput, times = summary["run"], summary["throughput"], summary["time"]
     config = summary.get("config", {})
+    if mismatches := workload_of(config).mismatches:
+        raise WorkloadError(f"not the workload the planner plans ({CASE_STUDY_WORKLOAD}): "
+                            f"{'; '.join(mismatches)}; its step time says nothing about ImageNet's.")
     rate = throughput.get("images_per_sec")
     evals = (summary.get("accuracy") or {}).get("num_evals") or 0
     kind = run["device_kind"]
