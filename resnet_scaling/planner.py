@@ -176,6 +176,9 @@ def format_notes(predictions: Sequence[planning.Prediction], factor: planning.Fi
             notes.append(f"- {p.system}: not predicted ({p.step_sec.note}).")
         elif p.mlperf.eval_sec is None:
             notes.append(f"- {p.system}: no evaluation time ({p.step_sec.note}); MLPerf's clock not given.")
+        if p.price is None and p.step_sec.value is not None:  # A time to cost, and nothing to cost it at.
+            notes.append(f"- {p.system}: no price for {p.device_kind}; give one as "
+                         f"--price='{p.system}=USD_PER_CHIP_HOUR:SOURCE, DATE' or in a --prices file.")
         if p.price is not None and (p.price.source, p.price.date) not in seen:
             seen.add((p.price.source, p.price.date))
             date = f", {p.price.date}" if p.price.date else ""

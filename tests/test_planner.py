@@ -131,6 +131,9 @@ def test_the_command_prints_compensated_rows_writes_json_and_a_chart(tmp_path):
     assert rows["pod"][6] == "5m41s → 7m54s"  # The case study's clock: 340.8 s, then the published 7.9 min.
     assert rows["pod"][8] == "3m33s → 4m56s"
     assert rows["8x H200"][3] == "64.00 ms (measured)"  # No factor for GPUs.
+    # No price for an H200 (the only prices are the case study's): the note says how to give one.
+    assert "- 8x H200: no price for NVIDIA H200; give one as --price='8x H200=USD_PER_CHIP_HOUR:SOURCE, " \
+        "DATE' or in a --prices file." in result.stdout
     assert rows["8x H200"][8] == "13m38s"
     v100 = rows["1x NVIDIA V100 (n1-standard-8)"]
     assert v100[3] == "not predicted" and v100[8] == "-" and v100[9] == "-"
