@@ -1,6 +1,7 @@
 """Entry point: compile the training step ahead of time for a TPU topology, and report on it.
 
     python -m resnet_scaling.compile --config=pod [--topology=v2:16x16] [--json_out=PATH]
+    python -m resnet_scaling.compile --shipped      # every shipped TPU config, into the package's reports
 
 Needs libtpu (`pip install -e '.[tpu]'`), not a TPU: libtpu describes the topology's devices. Prints
 per-device memory against the chip's HBM, FLOPs per step and the step's collectives (analysis/aot.py).
@@ -16,9 +17,11 @@ import os
 from absl import app, flags
 from ml_collections import config_flags
 
+from resnet_scaling import config as config_lib
 from resnet_scaling import console, errors
-from resnet_scaling.analysis import aot
+from resnet_scaling.analysis import aot, shipped_reports
 from resnet_scaling.host import process_setup
+from resnet_scaling.resilience import workdir
 
 logger = logging.getLogger("resnet_scaling.compile")  # Not __name__: "__main__" under `python -m`.
 
@@ -28,13 +31,20 @@ _CONFIG = config_flags.DEFINE_config_file(
 _TOPOLOGY = flags.DEFINE_string("topology", None,
                                 "TPU topology, e.g. v2:16x16 (default: config.system.topology).")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the report as JSON to this path.")
-flags.mark_flags_as_required(["config"])
+_SHIPPED = flags.DEFINE_bool("shipped", False, "Compile every shipped config that names a TPU topology and "
+                             "write its report into the package (analysis/compiled_reports/), where the "
+                             "planner reads it instead of compiling.")
 
 
 def main(argv: list[str]) -> None:
     console.refuse_arguments(argv)
     console.configure_command_line_logging()
     process_setup.start_host_compiler()
+    if _SHIPPED.value:
+        write_shipped_reports()
+        return
+    if _CONFIG.value is None:
+        raise SystemExit("error: --config is required (or --shipped): the config to compile.")
     config = console.read_config_flag(_CONFIG)
     topology = _TOPOLOGY.value or config.system.topology
     if not topology:
@@ -54,6 +64,21 @@ def main(argv: list[str]) -> None:
         with open(_JSON_OUT.value, "w") as f:
             json.dump(dataclasses.asdict(report), f, indent=2)
         logger.info("Wrote %s.", _JSON_OUT.value)
+
+
+def write_shipped_reports() -> None:
+    """Compiles every shipped TPU config for its topology and writes its report into the package."""
+    names = shipped_reports.shipped_tpu_configs()
+    for i, name in enumerate(names, 1):
+        config = config_lib.load_config(name)
+        logger.info("%d of %d: compiling %s for %s.", i, len(names), name, config.system.topology)
+        devices = aot.topology_devices(config.system.topology, config.system.chips_per_host_bounds,
+                                       config.system.num_slices)
+        report = aot.build_report(config, devices, config.system.topology)
+        path = shipped_reports.report_path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        workdir.write_text_atomically(path, json.dumps(dataclasses.asdict(report), indent=2) + "\n")
+        logger.info("Wrote %s (compiled in %.0f s).", path, report.compile_sec)
 
 
 if __name__ == "__main__":

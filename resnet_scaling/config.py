@@ -7,8 +7,10 @@ Each choice's allowed values live beside the factory that uses them (`models.MOD
 
 from __future__ import annotations
 
+import hashlib
 import importlib.resources
 import importlib.util
+import json
 import math
 import os
 import pathlib
@@ -520,6 +522,13 @@ def too_few_devices_error(config: ml_collections.ConfigDict, num_visible: int, p
     return ConfigError(
         f"config.mesh.num_devices: this config is written for {config.mesh.num_devices} devices{system} and "
         f"{visible} visible. {check}To train it on these devices, add {flags}.")
+
+
+def config_hash(config: ml_collections.ConfigDict) -> str:
+    """A short hash of every field's value: the same for the same settings, in any order of setting them
+    (a shipped compile report records its config's, `analysis/shipped_reports.py`)."""
+    text = json.dumps(config.to_dict(), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def config_from_saved(values: Mapping[str, Any]) -> ml_collections.ConfigDict:

@@ -1,14 +1,17 @@
 """Entry point: time and cost to MLPerf's ResNet-50 target (75.90% top-1) on each system, from its step.
 
-    python -m resnet_scaling.planner pod tpu_v2_8 gpu_h200x8            # configs: TPU ones compiled here
+    python -m resnet_scaling.planner                                    # every shipped system, in seconds
+    python -m resnet_scaling.planner pod tpu_v2_8 gpu_h200x8            # configs
     python -m resnet_scaling.planner pod.json runs/h200/summary.json    # compile reports, run summaries
     python -m resnet_scaling.planner --all_configs --json_out=plan.json --chart_out=plan.png \\
         --prices=prices.json --input_rate="1143:benchmarks/input_pipeline.py, AMD EPYC, 1 core"
 
 Inputs: compile reports (`python -m resnet_scaling.compile --json_out`), runs' `summary.json` (or workdir),
-configs by name or path (TPU ones compiled here with libtpu, minutes each on 2 cores; a GPU one without a
-run is not predicted). One row per system, uncompensated and, for TPUs, times the case study pod's factor
-(its report or config in the inputs or `--calibration`); figures name their source (`analysis.planning`).
+configs by name or path (a shipped TPU config's report ships with the package while the config is
+unchanged, `analysis/shipped_reports.py`; other TPU configs are compiled here with libtpu, about a minute
+each on 2 cores; a GPU one without a run is not predicted). One row per system, uncompensated and, for
+TPUs, times the case study pod's factor (its report or config in the inputs or `--calibration`); figures
+name their source (`analysis.planning`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from absl import app, flags
 
 from resnet_scaling import config as config_lib
 from resnet_scaling import console, errors
-from resnet_scaling.analysis import planning
+from resnet_scaling.analysis import planning, shipped_reports
 from resnet_scaling.host import process_setup
 from resnet_scaling.metrics import format_duration
 from resnet_scaling.resilience import workdir
@@ -45,7 +48,8 @@ _CALIBRATION = flags.DEFINE_string(
 _INPUT_RATE = flags.DEFINE_string(
     "input_rate", None, 'Training images/sec one host CPU core preprocesses, "RATE:SOURCE" (benchmarks/'
     'input_pipeline.py measures it): adds the cores each host needs.')
-_ALL_CONFIGS = flags.DEFINE_bool("all_configs", False, "Add every shipped system config (not the demo).")
+_ALL_CONFIGS = flags.DEFINE_bool("all_configs", False, "Add every shipped system config to the inputs "
+                                  "(with no input, they are the inputs).")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the predictions as JSON to this path.")
 _CHART_OUT = flags.DEFINE_string("chart_out", None, "Also draw time and cost against chips to this PNG "
                                  "(needs matplotlib: pip install 'resnet_scaling[benchmarks]').")
@@ -122,7 +126,8 @@ def load_system(value: str) -> tuple[planning.System, set[str]]:
     config = config_lib.load_config(value)
     name = os.path.splitext(os.path.basename(value))[0]
     if config.system.topology:
-        return planning.system_from_report(_compile_report(config)), {name, config.system.name}
+        report = shipped_reports.load_shipped_report(name, config) or _compile_report(config)
+        return planning.system_from_report(report), {name, config.system.name}
     return planning.system_from_config(config), {name, config.system.name}
 
 
@@ -227,13 +232,22 @@ def plot(predictions: Sequence[planning.Prediction], path: str) -> None:
     plt.close(fig)
 
 
+def shipped_systems() -> tuple[list[str], list[str]]:
+    """The shipped configs written for a system (`config.system.name`), and the others (the demo, the
+    defaults), which name no hardware to plan for."""
+    systems, others = [], []
+    for name in config_lib.shipped_config_names():
+        (systems if config_lib.load_config(name).system.name else others).append(name)
+    return systems, others
+
+
 def main(argv: list[str]) -> None:
     console.configure_command_line_logging()
-    inputs = argv[1:] + ([n for n in config_lib.shipped_config_names() if n not in ("demo", "default")]
-                         if _ALL_CONFIGS.value else [])
-    if not inputs:
-        raise SystemExit("error: nothing to plan: give compile reports, summary.json files or configs (or "
-                         "--all_configs).")
+    inputs = argv[1:]
+    not_systems: list[str] = []
+    if _ALL_CONFIGS.value or not inputs:  # No input: every shipped system, from the shipped reports.
+        systems, not_systems = shipped_systems()
+        inputs += systems
     process_setup.start_host_compiler()  # A TPU config is compiled here, on the host.
     try:
         prices = dict(planning.ASSUMED_PRICES)
@@ -275,6 +289,9 @@ def main(argv: list[str]) -> None:
     print(format_table(predictions))
     print()
     print(format_notes(predictions, factor))
+    if not_systems:
+        print(f"- {', '.join(not_systems)}: not planned; these configs name no system "
+              "(config.system.name is empty): they are not written for any hardware.")
     if _JSON_OUT.value:
         workdir.write_text_atomically(_JSON_OUT.value, json.dumps(
             {"tpu_factor": factor and dataclasses.asdict(factor),

@@ -130,7 +130,8 @@ def test_a_malformed_command_line_is_one_error_line_saying_what_to_type(tmp_path
      "error: unexpected arguments: /tmp/run; the command takes flags only"),
     ("evaluate", [], "error: --workdir is required (--help describes it)."),
     ("evaluate", ["--workdir=/tmp/run", "--override=data.data_dir"], "error: --override takes FIELD=VALUE"),
-    ("planner", [], "error: nothing to plan: give compile reports, summary.json files or configs"),
+    ("compile", [], "error: --config is required (or --shipped): the config to compile."),
+    ("planner", ["--price=pod"], 'error: --price=pod: expected "SYSTEM=USD_PER_CHIP_HOUR:SOURCE"'),
 ])
 def test_each_command_ends_a_usage_mistake_in_one_error_line(tmp_path, command, args, message):
     """absl's `UsageError` and required flags printed the whole usage text or a `FATAL` line and a hint."""

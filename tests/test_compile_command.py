@@ -47,11 +47,20 @@ def test_without_libtpu_it_is_one_error_line_naming_the_tpu_extra(tmp_path):
 
 
 def test_the_planner_given_a_tpu_config_without_libtpu_ends_in_the_same_error_line(tmp_path):
-    """The planner compiles a TPU config as the compile command does; it ended in a traceback too."""
-    proc = _compile(["tpu_v2_8"], tmp_path, pythonpath=(_without_libtpu(tmp_path),), command="planner")
+    """The planner compiles a TPU config that has no shipped report (a config of one's own) as the compile
+    command does; it ended in a traceback too. A shipped config needs no libtpu: its report ships."""
+    (tmp_path / "my_v2_8.py").write_text(
+        "from resnet_scaling.config import load_config\n\n\ndef get_config():\n"
+        "    config = load_config('tpu_v2_8')\n    config.training.global_batch_size = 2048\n"
+        "    return config\n")
+    no_libtpu = (_without_libtpu(tmp_path),)
+    proc = _compile([str(tmp_path / "my_v2_8.py")], tmp_path, pythonpath=no_libtpu, command="planner")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1].startswith(
-        "error: tpu_v2_8: ahead-of-time compilation for a TPU topology needs libtpu"), proc.stderr[-3000:]
+        f"error: {tmp_path / 'my_v2_8.py'}: ahead-of-time compilation for a TPU topology needs libtpu"), \
+        proc.stderr[-3000:]
+    shipped = _compile(["tpu_v2_8"], tmp_path, pythonpath=no_libtpu, command="planner")
+    assert shipped.returncode == 0 and "178.12 ms" in shipped.stdout, shipped.stderr[-3000:]
 
 
 @pytest.mark.parametrize("args, message", [

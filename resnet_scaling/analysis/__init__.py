@@ -7,4 +7,5 @@
 | `hlo.py` | the collectives of a compiled program and the bytes they move |
 | `convergence.py` | epochs to MLPerf's ResNet target at a global batch, from MLPerf's reference runs |
 | `planning.py` | time and cost to that target on a system, from its compiled step (`planner.py`) |
+| `shipped_reports.py` | the shipped TPU configs' compile reports (`compile --shipped`), kept while current |
 """

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import ml_collections
 
+from resnet_scaling import config as config_lib
 from resnet_scaling import mesh as mesh_lib
 from resnet_scaling import metrics, training_setup
 from resnet_scaling.analysis import hardware, hlo
@@ -62,6 +63,8 @@ class CompileReport:
     collectives_by_slice: dict[str, dict[str, int]]
     collectives_by_group: list[dict[str, Any]]
     largest_collectives: list[dict[str, Any]]
+    # The config compiled (`config.config_hash`): a shipped report is used only while its config is unchanged.
+    config_hash: str = ""
 
 
 class TopologyError(RunError, RuntimeError):
@@ -184,6 +187,7 @@ def build_report(config: ml_collections.ConfigDict, devices: Sequence[jax.Device
         collectives_by_slice=hlo.summarize_by_slice(collectives, slice_of_device),
         collectives_by_group=hlo.summarize_by_group(collectives, slice_of_device if num_slices > 1 else None),
         largest_collectives=[_describe(c, slice_of_device) for c in largest],
+        config_hash=config_lib.config_hash(config),
     )
 
 
