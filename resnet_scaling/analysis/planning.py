@@ -143,7 +143,8 @@ def system_from_report(report: Mapping[str, Any]) -> System:
         num_chips=int(report["num_chips"]), num_hosts=int(report.get("num_hosts") or 0),
         global_batch=int(report["global_batch_size"]),
         step_sec=Figure(step, "compiled", "libtpu's estimate of the AOT-compiled step") if step
-        else Figure(None, "not predicted", "the compiler gave no estimate"),
+        else Figure(None, "not predicted", f"libtpu gives no usable estimate of this step on "
+                    f"{report['device_kind']} (none, or a negative optimal_seconds); no roofline model yet"),
         eval_pass_sec=Figure(eval_step * passes, "compiled", f"{passes} steps of libtpu's estimate")
         if eval_step and passes else Figure(None, "not predicted", "no compiled evaluation step"),
         num_train_examples=int(report["num_train_examples"]))
