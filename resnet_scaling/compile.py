@@ -51,11 +51,7 @@ def main(argv: list[str]) -> None:
         raise SystemExit("error: no TPU topology to compile for: set config.system.topology or pass "
                          "--topology=v2:16x16.")
     try:  # libtpu missing, a topology it cannot describe, an invalid config: one line each.
-        devices = aot.topology_devices(topology, config.system.chips_per_host_bounds,
-                                       config.system.num_slices)
-        logger.info("Compiling the %s train and evaluation steps for %s: %d x %s.", config.model.name,
-                    topology, len(devices), devices[0].device_kind)
-        report = aot.build_report(config, devices, topology)
+        report = aot.compile_for_topology(config, topology)
     except errors.RunError as e:
         raise SystemExit(f"error: {e}") from None
     print(aot.format_report(report))
@@ -72,9 +68,7 @@ def write_shipped_reports() -> None:
     for i, name in enumerate(names, 1):
         config = config_lib.load_config(name)
         logger.info("%d of %d: compiling %s for %s.", i, len(names), name, config.system.topology)
-        devices = aot.topology_devices(config.system.topology, config.system.chips_per_host_bounds,
-                                       config.system.num_slices)
-        report = aot.build_report(config, devices, config.system.topology)
+        report = aot.compile_for_topology(config)
         path = shipped_reports.report_path(name)
         path.parent.mkdir(parents=True, exist_ok=True)
         workdir.write_text_atomically(path, json.dumps(dataclasses.asdict(report), indent=2) + "\n")

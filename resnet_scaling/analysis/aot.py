@@ -10,6 +10,7 @@ speed and communication are known before a pod is rented.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 from collections.abc import Sequence
@@ -23,6 +24,8 @@ from resnet_scaling import mesh as mesh_lib
 from resnet_scaling import metrics, training_setup
 from resnet_scaling.analysis import hardware, hlo
 from resnet_scaling.errors import MissingExtraError, RunError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -140,6 +143,20 @@ def program_device_slices(hlo_text: str, mesh: jax.sharding.Mesh) -> list[int]:
     slices = mesh_lib.device_slices(mesh)
     program_devices = hlo.program_num_devices(hlo_text) or len(slices)
     return [0] * program_devices if program_devices < len(slices) else slices
+
+
+def compile_for_topology(config: ml_collections.ConfigDict, topology: str = "") -> CompileReport:
+    """`build_report` for the devices of `topology` (default `config.system.topology`), with the config's
+    chips per host and slices: what `python -m resnet_scaling.compile` and the planner compile.
+
+    Raises:
+      MissingExtraError, TopologyError: as `topology_devices`; ConfigError: an invalid config.
+    """
+    topology = topology or config.system.topology
+    devices = topology_devices(topology, config.system.chips_per_host_bounds, config.system.num_slices)
+    logger.info("Compiling the %s train and evaluation steps for %s: %d x %s.", config.model.name, topology,
+                len(devices), devices[0].device_kind)
+    return build_report(config, devices, topology)
 
 
 def build_report(config: ml_collections.ConfigDict, devices: Sequence[jax.Device], topology: str = "",
