@@ -2,14 +2,13 @@
 
   python benchmarks/case_study.py --summaries RUN1/summary.json RUN2 ... --out_dir /tmp/report
   python benchmarks/case_study.py --prices my_prices.json   # another price table (same shape as PRICES)
-  python benchmarks/case_study.py --tpu_v2_chip_images_per_sec 900   # a measured one-chip TPU v2 rate
-  python benchmarks/case_study.py --compile_reports /tmp/plan/{tpu_v2_8,tpu_v2_32,pod}.json  # other reports
 
 Rows come from `summary.json` files ("measured": steady-state images/sec, 90 epochs at that rate) and
 the case study's published figures ("published"; `docs/case_study.md`). Whatever the case study did not
 print says how it was made: images/sec derived from published times, the 8-V100 time derived from "27x
 faster", speedups and efficiencies derived from those, costs from assumed prices. Charts: speedup against
-chips with the linear line and the scaling predictor's curves (speedup.png); cost per run (cost.png).
+chips with the linear line and the planner's curves (speedup.png); cost per run (cost.png); the planner's
+time and cost to 90 epochs per system, log scale (planner.png).
 
 Only the case study's workload is compared: ResNet-50 v1.5 at full width (64 filters) on imagenet2012 at
 224 px, read from the summary's `config`. Any other summary (the demo's quarter-width ResNet-18 on 32-px
@@ -21,16 +20,13 @@ as on ImageNet, so it measures the model's throughput on that hardware without t
 is what the case study's steady-state clock measures when input keeps up. It says nothing of accuracy,
 and its scaling efficiency is taken only against other synthetic rows.
 
-The scaling predictor: weak scaling (fixed per-chip batch), step time at N chips = one chip's step time +
-the gradient all-reduce over a ring or 2-D torus (bandwidth-latency model, no overlap with compute). It is
-not a bound either way: overlap would make a real system faster, and the host, input-pipeline and
-framework costs it leaves out make one slower (the published 8-V100 VM: 91% efficiency; predicted: 99%).
-No curve takes an input from a point it is compared with. The V100 curve starts from the one-V100 row and
-is compared at 8 GPUs. The TPU v2 curve is the planner's (`resnet_scaling.analysis.planning`): the
-images/sec of each v2 config's AOT-compiled step by libtpu's own estimate (`python -m
-resnet_scaling.compile`; `results/compile/`), uncompensated, at 4, 16, 64, 128 and 256 chips; its 256-chip
-value is compared with the published pod, not calibrated on it. With a measured one-chip rate
-(--tpu_v2_chip_images_per_sec) it is that rate scaled by the all-reduce model instead.
+The predictions are the planner's (`resnet_scaling.analysis.planning`, `python -m resnet_scaling.planner`):
+the calibrated step of each shipped V100 and TPU v2 config (the V100s from the step model's roofline of the
+same ResNet-50 program, calibrated on NVIDIA's published V100 results; the v2 slices from libtpu's estimate
+of their compiled steps, with TPU v3's calibration: no published TPU v2 MLPerf result exists), on the case
+study's clock (90 epochs, training only). None of them is fitted to the case study's figures, so the three
+comparisons the case study draws (the pod against one V100, against 8 V100s, and their costs) are
+predictions, each beside the published figure with its error.
 """
 
 from __future__ import annotations
@@ -38,7 +34,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 import textwrap
 import types
@@ -46,19 +41,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from resnet_scaling.analysis import hardware, planning
+from resnet_scaling.analysis import hardware, planning, step_model
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
 MEASURED_EPOCHS = 90  # The case study's clock covers 90 epochs after a 1-epoch warm-up.
 RESNET50_PARAMS = 25_557_032
 RESULTS = Path(__file__).resolve().parent / "results"
-# The v2 configs' compile reports (`python -m resnet_scaling.compile --config=NAME --json_out`): the
-# planner's TPU v2 curve, one point per slice.
-V2_COMPILE_REPORTS = tuple(RESULTS / "compile" / f"{name}.json"
-                           for name in ("tpu_v2_8", "tpu_v2_32", "tpu_v2_128", "tpu_v2_256", "pod"))
+# The shipped configs the planner predicts for each accelerator the case study compares: one curve each.
+PLANNED_CONFIGS: Mapping[str, tuple[str, ...]] = types.MappingProxyType({
+    "V100": ("gpu_v100", "gpu_v100x8"),
+    "TPU v2": ("tpu_v2_8", "tpu_v2_32", "tpu_v2_128", "tpu_v2_256", "pod"),
+})
 CASE_STUDY_WORKLOAD = planning.CASE_STUDY_WORKLOAD
 SYNTHETIC = "measured (synthetic data)"
-CHIP_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # Where the all-reduce model's curves are evaluated.
+CHIP_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # The speedup chart's ticks.
 
 # Price per hour, USD: accelerators per chip, VMs per machine. The 2018 list prices the case study used;
 # none is confirmed by a price page (docs/case_study.md: "assumed"), so every one says so. Override them
@@ -161,145 +157,55 @@ def load_measured(paths: Sequence[str], allow_other_workloads: bool) -> tuple[li
 
 
 @dataclasses.dataclass(frozen=True)
-class Interconnect:
-    """A bandwidth-latency model of the links an all-reduce runs over.
-
-    Attributes:
-      name: for legends.
-      bandwidth_bytes_per_sec: bandwidth one ring direction gets per chip.
-      latency_sec: per hop of the ring.
-      topology: "ring" (all chips in one ring) or "torus2d" (rings along x, then along y).
-    """
-
-    name: str
-    bandwidth_bytes_per_sec: float
-    latency_sec: float
-    topology: str = "ring"
-
-
-# Nominal figures, with their sources. NVLink on an 8-V100 VM: NCCL all-reduce bus bandwidth on a DGX-1V
-# class hybrid cube mesh is ~130 GB/s (NVIDIA nccl-tests); TPU v2 ICI: 4 links of 496 Gbit/s per chip
-# (Jouppi et al., CACM 2020), two used per torus dimension.
-NVLINK_V100 = Interconnect("NVLink ring, 130 GB/s", 130e9, 5e-6, "ring")
-ICI_TPU_V2 = Interconnect("ICI 2-D torus, 2 x 62 GB/s", 2 * 62e9, 2e-6, "torus2d")
-
-
-def allreduce_sec(num_bytes: float, num_chips: int, link: Interconnect) -> float:
-    """Time of one all-reduce of `num_bytes` over `num_chips` (reduce-scatter + all-gather)."""
-    if num_chips <= 1:
-        return 0.0
-    if link.topology == "ring":
-        n = num_chips
-        return 2 * (n - 1) / n * num_bytes / link.bandwidth_bytes_per_sec + 2 * (n - 1) * link.latency_sec
-    if link.topology == "torus2d":
-        k = math.isqrt(num_chips)
-        if k * k != num_chips:  # A k x (N/k) torus: the x ring, then the y ring over 1/k of the data.
-            k = 2 ** (int(math.log2(num_chips)) // 2)
-        rows, cols = k, num_chips // k
-        x = (2 * (cols - 1) / cols * num_bytes / link.bandwidth_bytes_per_sec
-             + 2 * (cols - 1) * link.latency_sec)
-        y = (2 * (rows - 1) / rows * (num_bytes / cols) / link.bandwidth_bytes_per_sec
-             + 2 * (rows - 1) * link.latency_sec)
-        return x + y
-    raise ValueError(f"Unknown topology {link.topology!r}; use 'ring' or 'torus2d'.")
-
-
-def predict(one_chip_step_sec: float, gradient_bytes: float, num_chips: int,
-            link: Interconnect) -> dict[str, float]:
-    """Predicted step time, scaling efficiency and speedup over one chip at `num_chips` (weak scaling).
-
-    Args:
-      one_chip_step_sec: one chip's step time at the per-chip batch (measured or from a compiled step).
-      gradient_bytes: bytes all-reduced per step (parameters x bytes per gradient element).
-      num_chips: chips training together.
-      link: the interconnect.
-    """
-    step = one_chip_step_sec + allreduce_sec(gradient_bytes, num_chips, link)
-    efficiency = one_chip_step_sec / step
-    return {"num_chips": num_chips, "step_sec": step, "scaling_efficiency": efficiency,
-            "speedup": num_chips * efficiency}
-
-
-@dataclasses.dataclass(frozen=True)
 class Curve:
-    """One predictor curve: one chip's rate, scaled over an interconnect.
+    """The planner's predictions for one accelerator: images/sec at each system it has a config for.
 
     Attributes:
-      name: for legends ("TPU v2, ICI 2-D torus").
+      name: for legends ("V100, the planner").
       accelerator: the rows it is compared with.
-      chip_images_per_sec: one chip's rate, the input it scales.
-      chip_basis: where that rate comes from and what it assumes.
-      per_chip_batch: images per chip per step.
-      link: the interconnect.
-      max_chips: the largest system it is drawn for.
-      input_system: the row that is an input of the curve (never compared with it), or "".
-      gradient_bytes: bytes all-reduced per step (float32 gradients).
-      points: (chips, images/sec) where the curve is the planner's compiled steps rather than the
-        all-reduce model; chip_images_per_sec is then the smallest point's rate per chip.
+      points: (chips, images/sec, low, high): the calibrated rate and its interval, by chips.
+      basis: the step model and calibration behind the points.
+      systems: the configs' system names, by chips.
     """
 
     name: str
     accelerator: str
-    chip_images_per_sec: float
-    chip_basis: str
-    per_chip_batch: int
-    link: Interconnect
-    max_chips: int
-    input_system: str = ""
-    gradient_bytes: float = 4 * RESNET50_PARAMS
-    points: tuple[tuple[int, float], ...] = ()
+    points: tuple[tuple[int, float, float, float], ...]
+    basis: str
+    systems: tuple[str, ...] = ()
 
     def chip_counts(self) -> list[int]:
-        """Where the curve is defined: its points, or CHIP_COUNTS up to max_chips."""
-        return [n for n, _ in self.points] if self.points else [n for n in CHIP_COUNTS if n <= self.max_chips]
+        return [n for n, *_ in self.points]
 
-    def at(self, num_chips: int) -> dict[str, float]:
-        """Speedup over one chip and scaling efficiency at `num_chips`: the point's, or `predict`'s."""
-        if self.points:
-            rate = dict(self.points)[num_chips]
-            efficiency = rate / (num_chips * self.chip_images_per_sec)
-            return {"num_chips": num_chips, "images_per_sec": rate, "scaling_efficiency": efficiency,
-                    "speedup": num_chips * efficiency}
-        step_sec = self.per_chip_batch / self.chip_images_per_sec
-        return predict(step_sec, self.gradient_bytes, num_chips, self.link)
+    def rate(self, num_chips: int) -> float:
+        return next(r for n, r, *_ in self.points if n == num_chips)
 
 
-def planner_points(report_paths: Sequence[Path]) -> list[tuple[int, float, int]]:
-    """(chips, images/sec, images per chip per step) of each compile report, by the planner's model
-    (`planning.predict`: libtpu's estimate, uncompensated), in chip order."""
-    points = []
-    for path in report_paths:
-        report = json.loads(Path(path).read_text())
-        if report.get("model") != "resnet50" or not report.get("estimated_step_sec"):
-            raise ValueError(f"{path}: not a ResNet-50 compile report with libtpu's step estimate.")
-        prediction = planning.predict(planning.system_from_report(report))
-        points.append((prediction.num_chips, prediction.images_per_sec,
-                       prediction.global_batch // prediction.num_chips))
-    return sorted(points)
+ALL_PLANNED = tuple(name for names in PLANNED_CONFIGS.values() for name in names)
 
 
-def build_curves(v100: System, tpu_chip_images_per_sec: float | None = None,
-                 report_paths: Sequence[Path] = V2_COMPILE_REPORTS) -> tuple[Curve, Curve]:
-    """The predictor's V100 and TPU v2 curves, from inputs none of which is a row they are compared with.
+def planner_predictions(configs: Sequence[str] = ALL_PLANNED) -> list[planning.Prediction]:
+    """The planner's prediction for each shipped config, as `python -m resnet_scaling.planner NAME...`
+    gives it (the TPU configs from their shipped compile reports)."""
+    from resnet_scaling import planner
 
-    Args:
-      v100: the 1x V100 row: the V100 curve's one chip (and so not compared with it).
-      tpu_chip_images_per_sec: a measured one-chip TPU v2 rate, scaled by the all-reduce model; None: the
-        planner's compiled v2 slices.
-      report_paths: the v2 slices' compile reports.
-    """
-    how = "derived from its published time" if v100.source == "published" else v100.source
-    v100_curve = Curve(f"V100, {NVLINK_V100.name}", "V100", v100.images_per_sec,
-                       f"the {v100.name} row ({how})", 312, NVLINK_V100, 8, v100.name)
-    if tpu_chip_images_per_sec is not None:
-        return v100_curve, Curve(f"TPU v2, {ICI_TPU_V2.name}", "TPU v2", tpu_chip_images_per_sec,
-                                 "measured on one chip (--tpu_v2_chip_images_per_sec)", 128, ICI_TPU_V2, 256)
-    points = planner_points(report_paths)
-    chips, rate, per_chip = points[0]
-    basis = (f"the planner: libtpu's estimate of each v2 config's compiled step (uncompensated), "
-             f"{', '.join(str(n) for n, _, _ in points)} chips; per chip at {chips} chips")
-    return v100_curve, Curve("TPU v2, the planner's compiled steps", "TPU v2", rate / chips, basis, per_chip,
-                             ICI_TPU_V2, points[-1][0], points=tuple((n, r) for n, r, _ in points))
+    fits = step_model.load_calibrations()
+    return [planning.predict(planner.load_system(name)[0], fits) for name in configs]
+
+
+def planner_curves(predictions: Sequence[planning.Prediction]) -> list[Curve]:
+    """One curve per accelerator of PLANNED_CONFIGS from the planner's predictions."""
+    curves = []
+    for accelerator in PLANNED_CONFIGS:
+        rows = sorted((p for p in predictions if accelerator in p.device_kind), key=lambda p: p.num_chips)
+        if not rows:
+            continue
+        points = tuple((p.num_chips, p.images_per_sec, p.global_batch / p.step_high_sec,
+                        p.global_batch / p.step_low_sec) for p in rows)
+        curves.append(Curve(f"{accelerator}, the planner", accelerator, points,
+                            f"{rows[0].step_sec.basis}: {rows[0].step_sec.note}",
+                            tuple(p.system for p in rows)))
+    return curves
 
 
 def cost_per_run(system: System, prices: Mapping[str, Mapping[str, tuple[float, str]]]) -> float | None:
@@ -344,32 +250,68 @@ def other_rows(systems: Sequence[System]) -> list[dict[str, Any]]:
 
 
 def compare(rows: Sequence[Mapping[str, Any]], curves: Sequence[Curve],
-            v100_images_per_sec: float) -> list[dict[str, Any]]:
-    """Each curve against every row it covers (same accelerator, in range, not its input row).
+            planned_v100_images_per_sec: float) -> list[dict[str, Any]]:
+    """Each curve against every row it covers (same accelerator, a system it predicts).
 
-    Speedups are over 1x V100 (`v100_images_per_sec`); `gap` is predicted / row - 1; `fitting_*` is the
-    one-chip rate that would have put the curve on the row (at its predicted scaling efficiency).
+    The predicted speedup is over the planner's own 1x V100 (`planned_v100_images_per_sec`), the row's
+    over the table's; `gap` is predicted / row - 1. Efficiencies are per chip over the smallest system
+    of the curve and of the table.
     """
     chips_of = {r["system"]: r["chips"] for r in rows}
     out = []
     for r in rows:
-        # The predictor's efficiency is against one chip; a row's only on the same basis.
         row_efficiency = r["scaling_efficiency"] if chips_of.get(r["reference"]) == 1 else None
         for c in curves:
-            if (c.accelerator != r["accelerator"] or r["chips"] not in c.chip_counts()
-                    or r["system"] == c.input_system):
+            if c.accelerator != r["accelerator"] or r["chips"] not in c.chip_counts():
                 continue
-            p = c.at(r["chips"])
-            predicted = p["speedup"] * c.chip_images_per_sec / v100_images_per_sec
-            fit = r["images_per_sec"] / r["chips"] / p["scaling_efficiency"]
+            smallest, rate = c.points[0], c.rate(r["chips"])
+            low, high = next((lo, hi) for n, _, lo, hi in c.points if n == r["chips"])
+            predicted = rate / planned_v100_images_per_sec
             out.append({"system": r["system"], "source": r["source"], "chips": r["chips"], "curve": c.name,
+                        "predicted_images_per_sec": rate, "interval_images_per_sec": (low, high),
                         "predicted_speedup": predicted, "row_speedup": r["speedup_over_1x_v100"],
                         "gap": predicted / r["speedup_over_1x_v100"] - 1,
-                        "predicted_scaling_efficiency": p["scaling_efficiency"],
-                        "row_scaling_efficiency": row_efficiency,
-                        "curve_chip_images_per_sec": c.chip_images_per_sec,
-                        "fitting_chip_images_per_sec": fit})
+                        "predicted_scaling_efficiency": (rate / r["chips"]) / (smallest[1] / smallest[0]),
+                        "row_scaling_efficiency": row_efficiency})
     return out
+
+
+def case_study_comparisons(predictions: Sequence[planning.Prediction],
+                           prices: Mapping[str, Mapping[str, tuple[float, str]]]) -> list[dict[str, Any]]:
+    """The case study's claims, each from the planner beside the published figure: the three systems'
+    times for 90 epochs, the pod's speedups over one and eight V100s, and how much less the pod costs."""
+    by_chips = {(next((a for a in PLANNED_CONFIGS if a in p.device_kind), p.device_kind), p.num_chips): p
+                for p in predictions}
+    v100, v100x8, pod = by_chips[("V100", 1)], by_chips[("V100", 8)], by_chips[("TPU v2", 256)]
+    minutes = {name: p.case_study_sec / 60 for name, p in (("v100", v100), ("v100x8", v100x8), ("pod", pod))}
+    published = {row.name: row.minutes_for() for row in PUBLISHED}
+    v100_pub, v100x8_pub, pod_pub = (published[row.name] for row in PUBLISHED)
+
+    def cost(row: System, planned_minutes: float) -> float | None:
+        return cost_per_run(dataclasses.replace(row, images_per_sec=_from_minutes(planned_minutes)), prices)
+
+    costs = {"pod": cost(PUBLISHED[2], minutes["pod"]), "v100x8": cost(PUBLISHED[1], minutes["v100x8"])}
+    published_costs = {"pod": cost_per_run(PUBLISHED[2], prices),
+                       "v100x8": cost_per_run(PUBLISHED[1], prices)}
+    saving = None if None in costs.values() else 1 - costs["pod"] / costs["v100x8"]
+    saving_pub = None if None in published_costs.values() else 1 - published_costs["pod"] / published_costs[
+        "v100x8"]
+    rows = [("1x V100, 90 epochs (minutes)", minutes["v100"], v100_pub, "published: more than 26 h"),
+            ("8x V100, 90 epochs (minutes)", minutes["v100x8"], v100x8_pub, "derived: 27 x 7.9 min"),
+            ("TPU v2 Pod, 90 epochs (minutes)", minutes["pod"], pod_pub, "published: 7.9 min"),
+            ("pod over 1x V100 (speedup)", minutes["v100"] / minutes["pod"], v100_pub / pod_pub,
+             "derived: 26 h / 7.9 min (\"about 200x\")"),
+            ("pod over 8x V100 (speedup)", minutes["v100x8"] / minutes["pod"], v100x8_pub / pod_pub,
+             "published: \"27x faster\""),
+            ("pod's cost below 8x V100's (fraction)", saving, saving_pub,
+             "published: \"nearly 40% lower\"; both at the assumed prices below")]
+    def error(name: str, planned: float | None, pub: float | None) -> float | None:
+        if planned is None or pub is None:
+            return None
+        return planned - pub if "fraction" in name else planned / pub - 1  # Fractions: points apart.
+
+    return [{"comparison": name, "planner": planned, "published": pub, "published_basis": basis,
+             "error": error(name, planned, pub)} for name, planned, pub, basis in rows]
 
 
 def _pct(x: float | None) -> str:
@@ -397,39 +339,40 @@ def _main_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
                     "accelerator price + VM price) x time for 90 epochs, at the assumed prices below."]
 
 
-def _predictor_section(curves: Sequence[Curve], comparisons: Sequence[Mapping[str, Any]]) -> list[str]:
-    lines = ["", "## Scaling predictor: predicted vs the table's figures", "",
-             "The all-reduce model: step time at N chips = one chip's step time + a ring or 2-D torus "
-             f"all-reduce of the float32 gradients ({4 * RESNET50_PARAMS / 1e6:.0f} MB); bandwidth-latency, "
-             "no overlap with compute. The planner's curve: images/sec of each config's AOT-compiled step "
-             "by libtpu's estimate, uncompensated. Neither has host or input-pipeline costs: models, not "
-             "bounds either way. No curve takes an input from a row it is compared with. Per chip:", "",
-             *(f"- {c.name}: {c.chip_images_per_sec:,.0f} images/sec = {c.chip_basis}; batch "
-               f"{c.per_chip_batch} per chip."
-               for c in curves),
-             "", "| system | source | chips | predicted speedup over 1x V100 | speedup from its figures "
-             "(derived) | gap | predicted efficiency vs 1 chip (the planner's: vs its smallest slice) | "
-             "efficiency vs 1 chip from its figures "
-             "(derived) |", "|" + "---|" * 8]
-    lines += [f"| {c['system']} | {c['source']} | {c['chips']} | {c['predicted_speedup']:.2f}x "
-              f"| {c['row_speedup']:.2f}x | {c['gap']:+.1%} | {_pct(c['predicted_scaling_efficiency'])} "
-              f"| {_pct(c['row_scaling_efficiency'])} |" for c in comparisons]
-    lines.append("")
-    for c in comparisons:
-        verdict = "disagree" if abs(c["gap"]) >= 0.05 else "agree within 5%"
-        effs = ("" if c["row_scaling_efficiency"] is None else f" ({_pct(c['predicted_scaling_efficiency'])} "
-                f"efficiency; {c['source']}: {_pct(c['row_scaling_efficiency'])})")
-        lines.append(f"- {c['system']}: predictor and {c['source']} figures {verdict}: predicted "
-                     f"{c['predicted_speedup']:.2f}x over 1x V100, {c['source']} {c['row_speedup']:.2f}x "
-                     f"(derived), {c['gap']:+.1%}{effs}. The curve starts from "
-                     f"{c['curve_chip_images_per_sec']:,.0f} images/sec per chip; "
-                     f"{c['fitting_chip_images_per_sec']:,.0f} would put it on this row "
-                     "(derived).")
-    by_name = {c["system"]: c for c in comparisons}
-    gpus, pod = (by_name.get(s.name) for s in PUBLISHED[1:3])
-    if gpus and pod:
-        predicted, published = (pod[k] / gpus[k] for k in ("predicted_speedup", "row_speedup"))
-        lines.append(f"- Pod over 8x V100: predicted {predicted:.1f}x, published {published:.1f}x.")
+def _claim_error(claim: Mapping[str, Any]) -> str:
+    """"+5%" (relative), or "-24 points" for a fraction."""
+    if claim["error"] is None:
+        return "—"
+    if "fraction" in claim["comparison"]:
+        return f"{claim['error'] * 100:+.0f} points"
+    return f"{claim['error']:+.0%}"
+
+
+def _predictor_section(curves: Sequence[Curve], comparisons: Sequence[Mapping[str, Any]],
+                       claims: Sequence[Mapping[str, Any]]) -> list[str]:
+    def figure(name: str, value: float | None) -> str:
+        if value is None:
+            return "—"
+        return f"{value:.0%}" if "fraction" in name else f"{value:,.1f}x" if "speedup" in name else (
+            f"{value:,.1f} min")
+
+    lines = ["", "## The case study's comparisons, from the planner", "",
+             "Each claim as the planner (`python -m resnet_scaling.planner`) predicts it from the shipped "
+             "configs, beside the published figure. No prediction takes an input from the case study's "
+             "figures:", "", *(f"- {c.name}: {c.basis}." for c in curves), "",
+             "| comparison | the planner | published | error |", "|---|---|---|---|",
+             *(f"| {c['comparison']} | {figure(c['comparison'], c['planner'])} | "
+               f"{figure(c['comparison'], c['published'])} ({c['published_basis']}) | "
+               f"{_claim_error(c)} |" for c in claims),
+             "", "## The planner's curves against the table", "",
+             "| system | source | chips | predicted images/sec (interval) | predicted speedup over the "
+             "planner's 1x V100 | speedup from its figures (derived) | gap | predicted efficiency vs its "
+             "smallest system | efficiency vs 1 chip from its figures (derived) |", "|" + "---|" * 9]
+    lines += [f"| {c['system']} | {c['source']} | {c['chips']} | {c['predicted_images_per_sec']:,.0f} "
+              f"({c['interval_images_per_sec'][0]:,.0f}-{c['interval_images_per_sec'][1]:,.0f}) | "
+              f"{c['predicted_speedup']:.2f}x | {c['row_speedup']:.2f}x | {c['gap']:+.1%} | "
+              f"{_pct(c['predicted_scaling_efficiency'])} | {_pct(c['row_scaling_efficiency'])} |"
+              for c in comparisons]
     return lines
 
 
@@ -443,9 +386,10 @@ def _other_section(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def markdown(rows: Sequence[Mapping[str, Any]], prices: Mapping[str, Any], curves: Sequence[Curve] = (),
-             comparisons: Sequence[Mapping[str, Any]] = (), others: Sequence[Mapping[str, Any]] = ()) -> str:
-    """The case study's table with its sources, the predictor against it, the prices, other workloads."""
-    lines = _main_table(rows) + (_predictor_section(curves, comparisons) if curves else [])
+             comparisons: Sequence[Mapping[str, Any]] = (), others: Sequence[Mapping[str, Any]] = (),
+             claims: Sequence[Mapping[str, Any]] = ()) -> str:
+    """The case study's table with its sources, the planner against it, the prices, other workloads."""
+    lines = _main_table(rows) + (_predictor_section(curves, comparisons, claims) if curves else [])
     lines += ["", "## Prices", "", "| price | USD/hour | source |", "|---|---|---|"]
     for group, unit in (("accelerators", "per chip"), ("vms", "per VM")):
         lines += [f"| {key} ({unit}) | {usd:.2f} | {why} |" for key, (usd, why) in prices[group].items()]
@@ -456,12 +400,15 @@ def _speedup_chart(plt: Any, rows: Sequence[Mapping[str, Any]], curves: Sequence
                    path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 5.5))
     ax.plot(CHIP_COUNTS, CHIP_COUNTS, "k--", lw=1, label="linear scaling from 1x V100")
+    # Predicted speedups are over the planner's 1x V100 (`v100_rate`), the rows' over the table's.
     for i, c in enumerate(curves):
         counts = c.chip_counts()
-        label = textwrap.fill(f"predicted, {c.name}; one chip: {c.chip_images_per_sec:,.0f} images/sec = "
-                              f"{c.chip_basis}", 100, subsequent_indent="  ", break_on_hyphens=False)
-        ax.plot(counts, [c.at(n)["speedup"] * c.chip_images_per_sec / v100_rate for n in counts], lw=1.5,
-                color=f"C{2 + i}", label=label)  # Colours apart from the markers' (C0, C1, C4).
+        label = textwrap.fill(f"predicted, {c.name} ({c.basis})", 100, subsequent_indent="  ",
+                              break_on_hyphens=False)
+        ax.errorbar(counts, [r / v100_rate for _, r, _, _ in c.points],
+                    yerr=[[(r - lo) / v100_rate for _, r, lo, _ in c.points],
+                          [(hi - r) / v100_rate for _, r, _, hi in c.points]],
+                    lw=1.5, capsize=3, color=f"C{2 + i}", label=label)  # Apart from the markers' C0, C1, C4.
     styles = (("published", "o", "C0", "published (images/sec derived from the published times)"),
               ("measured", "s", "C1", "measured (summary.json)"), (SYNTHETIC, "^", "C4", SYNTHETIC))
     for source, marker, color, label in styles:
@@ -519,8 +466,10 @@ def _other_chart(plt: Any, others: Sequence[Mapping[str, Any]], path: Path) -> N
 
 
 def plot(rows: Sequence[Mapping[str, Any]], out_dir: Path, curves: Sequence[Curve] = (),
-         others: Sequence[Mapping[str, Any]] = (), v100_images_per_sec: float | None = None) -> list[Path]:
-    """speedup.png and cost.png for the case study's workload; other_workloads.png when there are others."""
+         others: Sequence[Mapping[str, Any]] = (), v100_images_per_sec: float | None = None,
+         predictions: Sequence[planning.Prediction] = ()) -> list[Path]:
+    """speedup.png and cost.png for the case study's workload; planner.png (the planner's time and cost
+    per system, log scale) with predictions; other_workloads.png when there are others."""
     try:
         import matplotlib
     except ImportError:
@@ -533,6 +482,11 @@ def plot(rows: Sequence[Mapping[str, Any]], out_dir: Path, curves: Sequence[Curv
     paths = [out_dir / "speedup.png", out_dir / "cost.png"]
     _speedup_chart(plt, rows, curves, v100_images_per_sec or PUBLISHED[0].images_per_sec, paths[0])
     _cost_chart(plt, rows, paths[1])
+    if predictions:
+        from resnet_scaling import planner
+
+        paths.append(out_dir / "planner.png")
+        planner.plot(predictions, str(paths[-1]))
     other_png = out_dir / "other_workloads.png"
     other_png.unlink(missing_ok=True)  # One left by an earlier run would look like this run's.
     if others:
@@ -559,20 +513,12 @@ def _parse_args(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Name
     p.add_argument("--allow_other_workloads", action="store_true",
                    help="Report summaries of other workloads in a separate, labelled section and chart "
                         "instead of refusing them.")
-    p.add_argument("--tpu_v2_chip_images_per_sec", type=float, default=None,
-                   help="A measured one-chip TPU v2 rate for the predictor (default: from FLOPs).")
-    p.add_argument("--compile_reports", nargs="*", default=[str(p) for p in V2_COMPILE_REPORTS],
-                   help="The TPU v2 slices' compile reports (python -m resnet_scaling.compile --json_out) "
-                        "for the planner's curve.")
     return p, p.parse_args(argv)
 
 
 def main(argv: list[str]) -> str:
     """Builds the report; prints and writes the Markdown, JSON and charts; returns the Markdown."""
     p, args = _parse_args(argv)
-    measured_rate = args.tpu_v2_chip_images_per_sec
-    if measured_rate is not None and measured_rate <= 0:
-        p.error("--tpu_v2_chip_images_per_sec must be positive.")
     try:
         measured, others = load_measured(args.summaries, args.allow_other_workloads)
     except planning.WorkloadError as e:
@@ -582,23 +528,21 @@ def main(argv: list[str]) -> str:
         p.error("Nothing to report: pass --summaries of the case study's workload or drop --no_published.")
     prices = load_prices(args.prices)
     rows = table_rows(systems, prices)
-    v100 = reference_v100(systems)
-    try:
-        curves = build_curves(v100, args.tpu_v2_chip_images_per_sec, [Path(r) for r in args.compile_reports])
-    except (OSError, ValueError) as e:
-        p.error(f"--compile_reports: {e}")
-    comparisons = compare(rows, curves, v100.images_per_sec)
+    predictions = planner_predictions()
+    curves = planner_curves(predictions)
+    planned_v100 = next(c for c in curves if c.accelerator == "V100").rate(1)
+    comparisons = compare(rows, curves, planned_v100)
+    claims = case_study_comparisons(predictions, prices)
     extra = other_rows(others)
-    text = markdown(rows, prices, curves, comparisons, extra)
+    text = markdown(rows, prices, curves, comparisons, extra, claims)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "case_study.md").write_text(text)
-    points = {c.name: [c.at(n) for n in c.chip_counts()] for c in curves}
-    predictor = {"curves": [{**dataclasses.asdict(c), "points": points[c.name]} for c in curves],
-                 "comparisons": comparisons}
+    predictor = {"curves": [dataclasses.asdict(c) for c in curves], "comparisons": comparisons,
+                 "case_study_comparisons": claims}
     report = {"case_study": rows, "predictor": predictor, "other_workloads": extra}
     (out_dir / "case_study.json").write_text(json.dumps(report, indent=2) + "\n")
-    paths = plot(rows, out_dir, curves, extra, v100.images_per_sec)
+    paths = plot(rows, out_dir, curves, extra, planned_v100, predictions)
     print(text)
     print(f"Wrote {out_dir}/case_study.md, case_study.json, {', '.join(path.name for path in paths)}")
     return text

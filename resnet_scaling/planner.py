@@ -1,4 +1,4 @@
-"""Entry point: time and cost to MLPerf's ResNet-50 target (75.90% top-1) on each system, from its step.
+"""Entry point: time and cost to the target on each system, from its compiled (or measured) step.
 
     python -m resnet_scaling.planner                                    # every shipped system, in seconds
     python -m resnet_scaling.planner pod tpu_v2_8 gpu_h200x8            # configs
@@ -9,9 +9,10 @@
 Inputs: compile reports (`python -m resnet_scaling.compile --json_out`), runs' `summary.json` (or workdir),
 configs by name or path (a shipped TPU config's report ships with the package while the config is
 unchanged, `analysis/shipped_reports.py`; other TPU configs are compiled here with libtpu, about a minute
-each on 2 cores; a GPU one without a run is not predicted). One row per system, uncompensated and, for
-TPUs, times the case study pod's factor (its report or config in the inputs or `--calibration`); figures
-name their source (`analysis.planning`).
+each on 2 cores; a GPU config is planned from a TPU program of the same model, per image). One row per
+system: the step model's calibrated step with its interval and the raw model beside it
+(`analysis/step_model.py`), the recipe's epochs, and the cost at the shipped dated prices
+(`analysis/prices.json`) or yours; every figure names its basis (`analysis/planning.py`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from absl import app, flags
 
 from resnet_scaling import config as config_lib
 from resnet_scaling import console, errors
-from resnet_scaling.analysis import planning, shipped_reports
+from resnet_scaling.analysis import planning, shipped_reports, step_model
 from resnet_scaling.host import process_setup
 from resnet_scaling.metrics import format_duration
 from resnet_scaling.resilience import workdir
@@ -39,12 +40,9 @@ _PRICES = flags.DEFINE_multi_string(
     'name without .json, its config name or the system name), e.g. "pod=1.23:your price page, read on '
     'DATE".')
 _PRICE_TABLE = flags.DEFINE_string(
-    "prices", None, 'A JSON price table by device kind: {"TPU v4": {"usd_per_chip_hour": 1.23, "source": '
-    '"your price page", "date": "..."}, ...}; kinds it lacks keep the case study\'s assumed prices (TPU v2, '
-    'V100).')
-_CALIBRATION = flags.DEFINE_string(
-    "calibration", None, "The pod's compile report (or the pod config) for the TPU factor, when it is not "
-    "among the inputs.")
+    "prices", None, 'A JSON price table by device kind, as the shipped analysis/prices.json: {"TPU v4": '
+    '{"usd_per_chip_hour": 1.23, "source": "your price page", "date": "..."}, ...}; kinds it lacks keep the '
+    'shipped prices.')
 _INPUT_RATE = flags.DEFINE_string(
     "input_rate", None, 'Training images/sec one host CPU core preprocesses, "RATE:SOURCE" (benchmarks/'
     'input_pipeline.py measures it): adds the cores each host needs.')
@@ -127,73 +125,85 @@ def load_system(value: str) -> tuple[planning.System, set[str]]:
     if config.system.topology:
         report = shipped_reports.load_shipped_report(name, config) or _compile_report(config)
         return planning.system_from_report(report), {name, config.system.name}
-    return planning.system_from_config(config), {name, config.system.name}
+    return planning.system_from_config(config, _reference()), {name, config.system.name}
 
 
-def _pair(uncompensated: float | None, compensated: float | None, fmt: Any) -> str:
-    if uncompensated is None:
+def _range(value: float | None, low: float | None, high: float | None, fmt: Any) -> str:
+    if value is None:
         return "-"
-    return fmt(uncompensated) + ("" if compensated is None else f" → {fmt(compensated)}")
+    if low is None or high is None or (fmt(low) == fmt(value) == fmt(high)):
+        return fmt(value)
+    return f"{fmt(value)} ({fmt(low)}-{fmt(high)})"
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:,.1f} ms"
+
+
+def _usd(x: float) -> str:
+    return f"${x:,.0f}" if x >= 10 else f"${x:,.2f}"
 
 
 def format_table(predictions: Sequence[planning.Prediction]) -> str:
-    """The predictions as a Markdown table; "A → B": uncompensated, then with the family's factor."""
-    def ms(x: float) -> str:
-        return f"{x * 1e3:,.2f} ms"
-
-    def images(x: float) -> str:
-        return f"{x:,.0f}"
-
-    def cost(x: float) -> str:
-        return f"${x:,.0f}" if x >= 10 else f"${x:,.2f}"
-
-    lines = ["| system | chips | global batch | step (compiled or measured → x factor) | images/sec | "
-             "scaling efficiency | case study's clock: 90 epochs | MLPerf epochs (published) | MLPerf's "
-             "clock: training + evaluation | cost, MLPerf's clock | host cores needed |",
-             "|" + "---|" * 11]
+    """The predictions as a Markdown table: calibrated (or measured) figures with their interval, and the
+    raw model's beside them."""
+    lines = ["| system | chips | global batch | step (interval) | step basis | raw model's step | "
+             "images/sec | scaling efficiency | epochs | time to target (interval) | raw model's time | "
+             "cost (interval) | host cores needed |",
+             "|" + "---|" * 13]
     for p in predictions:
-        comp_case, comp_mlperf = p.compensated_case_study, p.compensated_mlperf
-        comp_step = p.compensated_step_sec and p.compensated_step_sec.value
+        t = p.time_to_target
         step = ("not predicted" if p.step_sec.value is None else
-                f"{_pair(p.step_sec.value, comp_step, ms)} ({p.step_sec.basis})")
+                _range(p.step_sec.value, p.step_low_sec, p.step_high_sec, _ms))
+        raw = "-" if p.raw_step_sec is None else f"{_ms(p.raw_step_sec.value)} ({p.raw_step_sec.basis})"
         efficiency = "-" if p.scaling_efficiency is None else f"{p.scaling_efficiency.value:.0%}"
-        mlperf_cost = _pair(p.mlperf.cost_usd, comp_mlperf and comp_mlperf.cost_usd, cost)
-        price = "" if p.price is None or mlperf_cost == "-" else f" ({p.price.basis})"
+        rate = "-" if p.images_per_sec is None else f"{p.images_per_sec:,.0f}"
+        epochs = f"{t.epochs.value:.1f} ({t.epochs.basis})"
+        raw_time = "-" if p.raw_time_to_target_sec is None else format_duration(p.raw_time_to_target_sec)
         cores = "-" if p.host_cores_needed is None else f"{p.host_cores_needed.value:,.1f}"
+        cost = _range(t.cost_usd, t.cost_low_usd, t.cost_high_usd, _usd)
         lines.append(
             f"| {p.system} | {p.num_chips} x {p.device_kind} | {p.global_batch:,} | {step} | "
-            f"{_pair(p.images_per_sec, p.compensated_images_per_sec, images)} | {efficiency} | "
-            f"{_pair(p.case_study.total_sec, comp_case and comp_case.total_sec, format_duration)} | "
-            f"{p.mlperf.epochs.value:.1f} | "
-            f"{_pair(p.mlperf.total_sec, comp_mlperf and comp_mlperf.total_sec, format_duration)} | "
-            f"{mlperf_cost}{price} | {cores} |")
+            f"{p.step_sec.basis} | {raw} | {rate} | {efficiency} | {epochs} | "
+            f"{_range(t.total_sec, t.low_sec, t.high_sec, format_duration)} | {raw_time} | {cost} | "
+            f"{cores} |")
     return "\n".join(lines)
 
 
-def format_notes(predictions: Sequence[planning.Prediction], factor: planning.Figure | None) -> str:
-    """Where the figures come from: the factor, the prices, what was not predicted and why."""
-    notes = [f"- TPU factor: x{factor.value:.3f} ({factor.note})." if factor else
-             "- No TPU factor: add the pod's compile report (or `pod`) to the inputs or pass --calibration."]
-    seen = set()
+def format_notes(predictions: Sequence[planning.Prediction]) -> str:
+    """Where the figures come from: each step's model and calibration, the prices, and why a row has no
+    step or no cost."""
+    notes, seen = [], set()
     for p in predictions:
         if p.step_sec.value is None:
             notes.append(f"- {p.system}: not predicted ({p.step_sec.note}).")
-        elif p.mlperf.eval_sec is None:
-            notes.append(f"- {p.system}: no evaluation time ({p.step_sec.note}); MLPerf's clock not given.")
-        if p.price is None and p.step_sec.value is not None:  # A time to cost, and nothing to cost it at.
+            continue
+        notes.append(f"- {p.system}: {p.step_sec.basis} step, {p.step_sec.note}.")
+        if not p.time_to_target.eval_sec:
+            notes.append(f"- {p.system}: no evaluation time (no evaluation program); the time to target "
+                         "is training only.")
+        if p.price is None:  # A time to cost, and nothing to cost it at.
             notes.append(f"- {p.system}: no price for {p.device_kind}; give one as "
                          f"--price='{p.system}=USD_PER_CHIP_HOUR:SOURCE, DATE' or in a --prices file.")
-        if p.price is not None and (p.price.source, p.price.date) not in seen:
+        elif (p.price.source, p.price.date) not in seen:
             seen.add((p.price.source, p.price.date))
-            date = f", {p.price.date}" if p.price.date else ""
+            date = f", read {p.price.date}" if p.price.date not in ("", "undated") else ", undated"
             notes.append(f"- Price ({p.price.basis}) for {p.device_kind}: "
-                         f"${p.price.usd_per_chip_hour:.2f} per "
-                         f"chip-hour, {p.price.source}{date}.")
+                         f"${p.price.usd_per_chip_hour:.2f} per chip-hour, {p.price.source}{date}.")
+        if p.host is not None and (p.host.machine, p.host.source) not in seen:
+            seen.add((p.host.machine, p.host.source))
+            notes.append(f"- Host VM for {p.device_kind} ({p.host.machine}, one per node): "
+                         f"${p.host.usd_per_hour:.2f} an hour, {p.host.source}, read {p.host.date}.")
+    notes.append("- Costs add the set-up billed before the clock where known (a compile report's compile "
+                 "time). Intervals: the step's calibration (its largest leave-one-out error, or an assumed "
+                 "width where a generation has fewer than 3 published points or none) and, in MLPerf mode, "
+                 "the reference runs' fewest and most epochs.")
     return "\n".join(notes)
 
 
 def plot(predictions: Sequence[planning.Prediction], path: str) -> None:
-    """Time and cost to the target on MLPerf's clock against chips: one line per device kind."""
+    """Time and cost to the target against chips, log scale, one line per device kind, the intervals as
+    error bars."""
     try:
         import matplotlib
     except ImportError:
@@ -203,29 +213,31 @@ def plot(predictions: Sequence[planning.Prediction], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (time_ax, cost_ax) = plt.subplots(1, 2, figsize=(12, 4.8))
-    kinds = sorted({p.device_kind for p in predictions if p.mlperf.total_sec is not None})
-    for i, kind in enumerate(kinds):
-        rows = sorted((p for p in predictions if p.device_kind == kind and p.mlperf.total_sec is not None),
-                      key=lambda p: p.num_chips)
+    timed = [p for p in predictions if p.time_to_target.total_sec is not None]
+    for i, kind in enumerate(sorted({p.device_kind for p in timed})):
+        rows = sorted((p for p in timed if p.device_kind == kind), key=lambda p: p.num_chips)
         chips = [p.num_chips for p in rows]
-        comp = [p.compensated_mlperf for p in rows]
-        time_ax.plot(chips, [p.mlperf.total_sec / 60 for p in rows], "o--", color=f"C{i}",
-                     label=f"{kind}, {rows[0].step_sec.basis} step")
-        if all(comp):
-            time_ax.plot(chips, [c.total_sec / 60 for c in comp], "o-", color=f"C{i}",
-                         label=f"{kind}, x the TPU factor (derived)")
-        costs = [(p.num_chips, (c or p.mlperf).cost_usd) for p, c in zip(rows, comp, strict=True)]
-        costs = [(n, usd) for n, usd in costs if usd is not None]
-        if costs:
-            basis = rows[0].price.basis if rows[0].price else ""
-            cost_ax.plot(*zip(*costs, strict=True), "o-", color=f"C{i}", label=f"{kind} ({basis} price)")
-    time_ax.set(xscale="log", yscale="log", xlabel="chips", ylabel="minutes to 75.9% (MLPerf's clock)",
-                title="Time to target: dashed uncompensated, solid compensated")
-    cost_ax.set(xscale="log", xlabel="chips", ylabel="USD to 75.9% (MLPerf's clock)",
-                title="Cost to target (compensated where a factor exists)")
+        clocks = [p.time_to_target for p in rows]
+        minutes = [c.total_sec / 60 for c in clocks]
+        spread = [[(c.total_sec - (c.low_sec or c.total_sec)) / 60 for c in clocks],
+                  [((c.high_sec or c.total_sec) - c.total_sec) / 60 for c in clocks]]
+        time_ax.errorbar(chips, minutes, yerr=spread, fmt="o-", color=f"C{i}", capsize=3,
+                         label=f"{kind} ({rows[0].step_sec.basis})")
+        costed = [(p.num_chips, p.time_to_target) for p in rows if p.time_to_target.cost_usd is not None]
+        if costed:
+            cost_ax.errorbar([n for n, _ in costed], [c.cost_usd for _, c in costed],
+                             yerr=[[c.cost_usd - (c.cost_low_usd or c.cost_usd) for _, c in costed],
+                                   [(c.cost_high_usd or c.cost_usd) - c.cost_usd for _, c in costed]],
+                             fmt="o-", color=f"C{i}", capsize=3, label=kind)
+    time_ax.set(xscale="log", yscale="log", xlabel="chips",
+                ylabel="minutes to the target (the recipe's epochs)",
+                title="Time to target")
+    cost_ax.set(xscale="log", yscale="log", xlabel="chips", ylabel="USD to the target",
+                title="Cost to target (price file's dated prices)")
     for ax in (time_ax, cost_ax):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3, which="both")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -240,6 +252,12 @@ def shipped_systems() -> tuple[list[str], list[str]]:
     return systems, others
 
 
+def _reference() -> dict[str, Any] | None:
+    """The shipped compile report a program that cannot be compiled here is scaled from, while current."""
+    name = planning.REFERENCE_CONFIG
+    return shipped_reports.load_shipped_report(name, config_lib.load_config(name))
+
+
 def main(argv: list[str]) -> None:
     console.configure_command_line_logging()
     inputs = argv[1:]
@@ -249,11 +267,12 @@ def main(argv: list[str]) -> None:
         inputs += systems
     process_setup.start_host_compiler()  # A TPU config is compiled here, on the host.
     try:
-        prices = dict(planning.ASSUMED_PRICES)
+        prices = planning.load_prices()
         if _PRICE_TABLE.value:
-            prices.update(load_price_table(_PRICE_TABLE.value))
+            prices.update(planning.load_prices(_PRICE_TABLE.value, basis="given"))
         by_system = dict(parse_price(text) for text in _PRICES.value)
         rate = parse_input_rate(_INPUT_RATE.value) if _INPUT_RATE.value else None
+        fits = step_model.load_calibrations()
     except (OSError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
     systems, names = [], []
@@ -267,34 +286,24 @@ def main(argv: list[str]) -> None:
     unknown = set(by_system) - set().union(*names)
     if unknown:
         raise SystemExit(f"error: --price names {', '.join(sorted(unknown))}, which no input is for.")
-    pod = next((s for s in systems
-                if planning.CASE_STUDY_POD.is_system_of(s) and s.step_sec.basis == "compiled"), None)
-    if _CALIBRATION.value:
-        pod = load_system(_CALIBRATION.value)[0]
-    try:
-        factor = planning.tpu_factor(pod) if pod else None
-    except ValueError as e:
-        raise SystemExit(f"error: --calibration: {e}") from None
     predictions = []
     for system, keys in zip(systems, names, strict=True):
         price = next((by_system[k] for k in keys if k in by_system), None) or planning.price_for(
             system.device_kind, prices)
         try:
-            predictions.append(planning.predict(system, factor if system.family == "TPU" else None, price,
-                                                rate))
+            predictions.append(planning.predict(system, fits, price, rate))
         except ValueError as e:
             raise SystemExit(f"error: {system.name}: {e}") from None
     predictions = planning.with_scaling_efficiency(predictions)
     print(format_table(predictions))
     print()
-    print(format_notes(predictions, factor))
+    print(format_notes(predictions))
     if not_systems:
         print(f"- {', '.join(not_systems)}: not planned; these configs name no system "
               "(config.system.name is empty): they are not written for any hardware.")
     if _JSON_OUT.value:
         workdir.write_text_atomically(_JSON_OUT.value, json.dumps(
-            {"tpu_factor": factor and dataclasses.asdict(factor),
-             "predictions": [dataclasses.asdict(p) for p in predictions]}, indent=2) + "\n")
+            {"predictions": [dataclasses.asdict(p) for p in predictions]}, indent=2) + "\n")
         logger.info("Wrote %s.", _JSON_OUT.value)
     if _CHART_OUT.value:
         plot(predictions, _CHART_OUT.value)

@@ -5,6 +5,7 @@ argument plans every shipped system in seconds, without compiling."""
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -62,18 +63,20 @@ def test_the_planner_with_no_argument_plans_every_shipped_system_in_seconds(tmp_
     assert "Compiling" not in result.stderr, result.stderr  # Nothing compiled: the shipped reports served.
     assert wall_sec < 60, wall_sec  # Under 30 s on a quiet 2-core VM (benchmarks/README.md).
     rows = {line.split("|")[1].strip(): line for line in result.stdout.splitlines()
-            if line.startswith("| ") and "---" not in line}
+            if line.startswith("| ") and "---" not in line and not line.startswith("| system |")}
     systems = {n: config_lib.load_config(n).system.name for n in config_lib.shipped_config_names()}
     planned = {n: s for n, s in systems.items() if s}
     assert set(planned.values()) <= set(rows), sorted(set(planned.values()) - set(rows))
-    for name in TPU_CONFIGS:  # libtpu's own estimate, or why there is none (v4, v5e: it gives none).
-        system = planned[name]
-        assert ("(compiled)" in rows[system] or
-                f"- {system}: not predicted (libtpu gives no usable estimate of this step on TPU v" in
-                result.stdout), rows[system]
-    # Every row without a step time says why, in the notes.
+    # Every shipped system has a step, a time to target and a cost, each with its interval, and its notes
+    # name the step's basis (calibrated, or uncalibrated where its generation has no published point).
     for system, line in rows.items():
-        if "not predicted" in line:
-            assert f"- {system}: not predicted (" in result.stdout, system
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        step, basis, time_to_target, cost = cells[3], cells[4], cells[9], cells[11]
+        assert basis in ("calibrated", "uncalibrated"), line
+        assert f"- {system}: {basis} step, " in result.stdout, system
+        assert all(re.search(r"\(.+-.+\)", c) for c in (step, time_to_target, cost)), line
+    for name in TPU_CONFIGS:  # libtpu's estimate (v2, v3, v5p) or the roofline (v4, v5e, v6e) is the base.
+        cells = [c.strip() for c in rows[planned[name]].strip().strip("|").split("|")]
+        assert cells[5].endswith(("(compiled)", "(roofline)")), cells
     unplanned = sorted(n for n, s in systems.items() if not s)
     assert f"- {', '.join(unplanned)}: not planned; these configs name no system" in result.stdout

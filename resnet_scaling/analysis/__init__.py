@@ -2,10 +2,11 @@
 
 | module | job |
 |---|---|
-| `hardware.py` | one table of peak FLOP/s and HBM per device kind (MFU, AOT memory fit); the host's CPU |
+| `hardware.py` | one table of peak FLOP/s, HBM and link bandwidths per device kind; the host's CPU |
 | `aot.py` | the real train step compiled ahead of time for a TPU topology this machine does not have |
 | `hlo.py` | the collectives of a compiled program and the bytes they move |
 | `convergence.py` | epochs to MLPerf's ResNet target at a global batch, from MLPerf's reference runs |
-| `planning.py` | time and cost to that target on a system, from its compiled step (`planner.py`) |
+| `step_model.py` | seconds per step from a compiled program, calibrated per chip generation |
+| `planning.py` | time and cost to the target on a system, from its predicted step (`planner.py`) |
 | `shipped_reports.py` | the shipped TPU configs' compile reports (`compile --shipped`), kept while current |
 """

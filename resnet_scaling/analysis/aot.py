@@ -55,6 +55,9 @@ class CompileReport:
     hbm_bytes_per_device: int | None
     flops_per_device: float
     flops_per_step: float
+    # HBM bytes a device's step reads and writes (XLA's "bytes accessed" after fusion): with the FLOPs, the
+    # step's roofline where libtpu gives no estimate (analysis/step_model.py).
+    bytes_accessed_per_device: float | None
     # libtpu's step estimate (`optimal_seconds`) and the FLOPs' time at peak: their ratio, how far from peak.
     estimated_step_sec: float | None
     flop_floor_sec: float | None
@@ -62,6 +65,14 @@ class CompileReport:
     eval_global_batch_size: int
     eval_steps_per_pass: int
     estimated_eval_step_sec: float | None
+    eval_flops_per_device: float | None
+    eval_bytes_accessed_per_device: float | None
+    # The recipe the config runs, by the images its steps see: its epochs, how often it evaluates (0: at the
+    # end only), and whether in MLPerf mode (then the planner's epochs are MLPerf's reference convergence
+    # points instead of `num_epochs`).
+    num_epochs: float
+    eval_every_epochs: float
+    mlperf_mode: bool
     collectives: dict[str, dict[str, int]]
     collectives_by_slice: dict[str, dict[str, int]]
     collectives_by_group: list[dict[str, Any]]
@@ -164,7 +175,7 @@ def build_report(config: ml_collections.ConfigDict, devices: Sequence[jax.Device
     """Compiles `config`'s train step for `devices`: memory, FLOPs, collectives; with `eval_step`, also
     the evaluation step, for libtpu's estimate of its time (the planner's evaluation cost)."""
     compiled, run, compile_sec = compile_train_step(config, devices)
-    eval_sec = metrics.estimated_seconds(run.compile_eval_step()[0]) if eval_step else None
+    compiled_eval = run.compile_eval_step()[0] if eval_step else None
     plan = run.plan
     num_batch_stats = sum(math.prod(x.shape) for x in jax.tree.leaves(run.state.batch_stats))
     hlo_text = compiled.as_text()
@@ -195,11 +206,17 @@ def build_report(config: ml_collections.ConfigDict, devices: Sequence[jax.Device
         hbm_bytes_per_device=hardware.hbm_bytes_per_device(devices, config.system.device_kind),
         flops_per_device=flops_per_device,
         flops_per_step=flops_per_device * plan.num_devices,
+        bytes_accessed_per_device=metrics.bytes_accessed_per_device(compiled),
         estimated_step_sec=metrics.estimated_seconds(compiled),
         flop_floor_sec=flops_per_device / (peak_tflops * 1e12) if peak_tflops and flops_per_device else None,
         eval_global_batch_size=plan.batch.eval_global_batch_size,
         eval_steps_per_pass=plan.eval_steps,
-        estimated_eval_step_sec=eval_sec,
+        estimated_eval_step_sec=compiled_eval and metrics.estimated_seconds(compiled_eval),
+        eval_flops_per_device=compiled_eval and metrics.flops_per_device(compiled_eval),
+        eval_bytes_accessed_per_device=compiled_eval and metrics.bytes_accessed_per_device(compiled_eval),
+        num_epochs=plan.epochs_at(plan.total_steps),
+        eval_every_epochs=plan.epochs_at(plan.eval_every_steps),
+        mlperf_mode=bool(config.mlperf.enabled),
         collectives=hlo.summarize(collectives),
         collectives_by_slice=hlo.summarize_by_slice(collectives, slice_of_device),
         collectives_by_group=hlo.summarize_by_group(collectives, slice_of_device if num_slices > 1 else None),
@@ -239,6 +256,8 @@ def format_report(report: CompileReport) -> str:
         f"{memory['total'] / hbm:.0%} of {hbm / hardware.GIB:.0f} GiB HBM"
         + ("" if memory["total"] <= hbm else " - DOES NOT FIT"))
     per_image = report.flops_per_step / report.global_batch_size
+    accessed = report.bytes_accessed_per_device
+    accessed = "unknown" if accessed is None else mib(accessed)
     multislice = report.num_slices > 1
     slices = f" x {report.num_slices} slices" if multislice else ""
     lines = [
@@ -256,6 +275,7 @@ def format_report(report: CompileReport) -> str:
         f"| memory per device: temporaries | {mib(memory['temp'])} |",
         f"| memory per device: total (+ code, - aliased outputs) | {mib(memory['total'])}, {fits} |",
         f"| FLOPs per device per step | {_flops(report.flops_per_device)} |",
+        f"| HBM bytes per device per step (XLA's \"bytes accessed\") | {accessed} |",
         f"| FLOPs per step (all devices), per image | {_flops(report.flops_per_step)}, {_flops(per_image)} |",
         f"| step time: libtpu's estimate (images/sec), FLOPs at peak | {_step_time(report)} |",
         f"| evaluation step: global batch, steps per pass, libtpu's estimate | "

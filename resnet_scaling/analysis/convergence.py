@@ -26,12 +26,14 @@ class EpochsToTarget:
       epochs: MLPerf's RCP mean at this batch (interpolated between RCPs where none was run at it).
       source: "the RCP at 32768", "interpolated between the RCPs at A and B" or "the smallest RCP, at A".
       runs: the epochs of each reference run, where an RCP was run at exactly this batch.
+      epoch_range: the fewest and most epochs of the reference runs (interpolated like `epochs`).
     """
 
     global_batch: int
     epochs: float
     source: str
     runs: tuple[int, ...] = ()
+    epoch_range: tuple[float, float] = (0.0, 0.0)
 
 
 def _reference_points(ruleset: str) -> list[dict]:
@@ -44,7 +46,8 @@ def _reference_points(ruleset: str) -> list[dict]:
 def reference_points(ruleset: str = RULESET) -> list[EpochsToTarget]:
     """MLPerf's RCPs for ResNet-50, smallest batch first."""
     return [EpochsToTarget(int(r["BS"]), float(r["RCP Mean"]), f"the RCP at {r['BS']}",
-                           tuple(sorted(r["Epochs to converge"])))
+                           tuple(sorted(r["Epochs to converge"])),
+                           (float(min(r["Epochs to converge"])), float(max(r["Epochs to converge"]))))
             for r in _reference_points(ruleset)]
 
 
@@ -70,6 +73,10 @@ def epochs_to_target(global_batch: int, ruleset: str = RULESET) -> EpochsToTarge
                                    source=f"the smallest RCP, at {batches[0]}")
     above = next(i for i, batch in enumerate(batches) if batch > global_batch)
     low, high = points[above - 1], points[above]
-    epochs = float(np.interp(global_batch, [low.global_batch, high.global_batch], [low.epochs, high.epochs]))
+    batches = [low.global_batch, high.global_batch]
+    epochs = float(np.interp(global_batch, batches, [low.epochs, high.epochs]))
+    fewest = float(np.interp(global_batch, batches, [low.epoch_range[0], high.epoch_range[0]]))
+    most = float(np.interp(global_batch, batches, [low.epoch_range[1], high.epoch_range[1]]))
     return EpochsToTarget(global_batch, epochs,
-                          f"interpolated between the RCPs at {low.global_batch} and {high.global_batch}")
+                          f"interpolated between the RCPs at {low.global_batch} and {high.global_batch}",
+                          epoch_range=(fewest, most))

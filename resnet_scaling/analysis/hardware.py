@@ -19,35 +19,100 @@ GIB = 2**30
 
 @dataclasses.dataclass(frozen=True)
 class DeviceSpec:
-    """Published figures of one accelerator, matched by a lowercase substring of `jax.Device.device_kind`."""
+    """Published figures of one accelerator, matched by a lowercase substring of `jax.Device.device_kind`.
+
+    Attributes:
+      generation: the chip generation a step-time calibration covers ("TPU v3", "H100"; step_model.py).
+      hbm_bytes_per_sec_per_chip: HBM bandwidth, the memory side of a roofline.
+      link_bytes_per_sec_per_chip: what one chip sends into an all-reduce inside its slice or node (TPU:
+        the pod's published all-reduce bandwidth over its chips, or half the bidirectional ICI; GPU: one
+        direction of NVLink).
+      network_bytes_per_sec_per_chip: the same between slices or nodes (TPU: DCN; GPU: InfiniBand).
+      bandwidth_source: where the three bandwidths come from ("assumed" where no published figure was found).
+    """
 
     kind_substring: str
     peak_tflops_per_device: float
     hbm_bytes_per_chip: int
     source: str
     devices_per_chip: int = 1  # JAX devices on one chip: the TensorCores of TPU v2 and v3.
+    generation: str = ""
+    hbm_bytes_per_sec_per_chip: float = 0.0
+    link_bytes_per_sec_per_chip: float = 0.0
+    network_bytes_per_sec_per_chip: float = 0.0
+    bandwidth_source: str = ""
 
+    @property
+    def peak_flops_per_chip(self) -> float:
+        return self.peak_tflops_per_device * 1e12 * self.devices_per_chip
+
+
+GB = 1e9
+_NVIDIA = "NVIDIA data sheets (HBM, NVLink per GPU one way); InfiniBand per GPU as in NVIDIA's DGX nodes"
+_V100 = dict(generation="V100", hbm_bytes_per_sec_per_chip=900 * GB, link_bytes_per_sec_per_chip=150 * GB,
+             network_bytes_per_sec_per_chip=6.25 * GB,
+             bandwidth_source=_NVIDIA + " (DGX-1: four 100 Gb/s EDR ports per 8 GPUs)")
+_A100 = dict(generation="A100", link_bytes_per_sec_per_chip=300 * GB, network_bytes_per_sec_per_chip=25 * GB,
+             bandwidth_source=_NVIDIA + " (DGX A100: one 200 Gb/s HDR port per GPU)")
+_H100 = dict(generation="H100", hbm_bytes_per_sec_per_chip=3350 * GB, link_bytes_per_sec_per_chip=450 * GB,
+             network_bytes_per_sec_per_chip=50 * GB,
+             bandwidth_source=_NVIDIA + " (DGX H100: one 400 Gb/s NDR port per GPU)")
+_TPU_DOCS = "Cloud TPU system-architecture pages (docs.cloud.google.com/tpu/docs/v4, v5e, v5p, v6e)"
 
 # The first match wins: "v5 lite" before "v5", "h100 pcie" before "h100", 32 GB before 16 GB V100s.
 DEVICE_SPECS: tuple[DeviceSpec, ...] = (
-    DeviceSpec("v100-sxm2-32gb", 125.0, 32 * GIB, "NVIDIA V100 SXM2 datasheet: 125 TFLOP/s fp16 tensor core"),
-    DeviceSpec("v100", 125.0, 16 * GIB, "NVIDIA V100 SXM2 datasheet: 125 TFLOP/s fp16 tensor core"),
-    DeviceSpec("a100-sxm4-80gb", 312.0, 80 * GIB, "NVIDIA A100 datasheet: 312 TFLOP/s bf16 dense"),
-    DeviceSpec("a100 80gb", 312.0, 80 * GIB, "NVIDIA A100 datasheet: 312 TFLOP/s bf16 dense"),
-    DeviceSpec("a100", 312.0, 40 * GIB, "NVIDIA A100 datasheet: 312 TFLOP/s bf16 dense"),
-    DeviceSpec("h100 pcie", 756.0, 80 * GIB, "NVIDIA H100 datasheet: PCIe 756 TFLOP/s bf16 dense"),
-    DeviceSpec("h100", 989.0, 80 * GIB, "NVIDIA H100 datasheet: SXM 989 TFLOP/s bf16 dense"),
-    DeviceSpec("h200", 989.0, 141 * 10**9, "NVIDIA H200 datasheet: 989 TFLOP/s bf16 dense, 141 GB"),
+    DeviceSpec("v100-sxm2-32gb", 125.0, 32 * GIB, "NVIDIA V100 SXM2 datasheet: 125 TFLOP/s fp16 tensor core",
+               **_V100),
+    DeviceSpec("v100", 125.0, 16 * GIB, "NVIDIA V100 SXM2 datasheet: 125 TFLOP/s fp16 tensor core", **_V100),
+    DeviceSpec("a100-sxm4-80gb", 312.0, 80 * GIB, "NVIDIA A100 datasheet: 312 TFLOP/s bf16 dense",
+               hbm_bytes_per_sec_per_chip=2039 * GB, **_A100),
+    DeviceSpec("a100 80gb", 312.0, 80 * GIB, "NVIDIA A100 datasheet: 312 TFLOP/s bf16 dense",
+               hbm_bytes_per_sec_per_chip=2039 * GB, **_A100),
+    DeviceSpec("a100", 312.0, 40 * GIB, "NVIDIA A100 datasheet: 312 TFLOP/s bf16 dense",
+               hbm_bytes_per_sec_per_chip=1555 * GB, **_A100),
+    DeviceSpec("h100 pcie", 756.0, 80 * GIB, "NVIDIA H100 datasheet: PCIe 756 TFLOP/s bf16 dense",
+               **{**_H100, "hbm_bytes_per_sec_per_chip": 2000 * GB, "link_bytes_per_sec_per_chip": 300 * GB}),
+    DeviceSpec("h100", 989.0, 80 * GIB, "NVIDIA H100 datasheet: SXM 989 TFLOP/s bf16 dense", **_H100),
+    DeviceSpec("h200", 989.0, 141 * 10**9, "NVIDIA H200 datasheet: 989 TFLOP/s bf16 dense, 141 GB",
+               **{**_H100, "generation": "H200", "hbm_bytes_per_sec_per_chip": 4800 * GB}),
     DeviceSpec("tpu v2", 22.5, 16 * GIB, "Cloud TPU docs: v2 chip 45 TFLOP/s bf16, 2 cores, 16 GiB",
-               devices_per_chip=2),
+               devices_per_chip=2, generation="TPU v2", hbm_bytes_per_sec_per_chip=700 * GB,
+               link_bytes_per_sec_per_chip=62 * GB, network_bytes_per_sec_per_chip=1.25 * GB,
+               bandwidth_source="HBM: Jouppi et al., CACM 2020 (700 GB/s); ICI, DCN: assumed"),
     DeviceSpec("tpu v3", 61.5, 32 * GIB, "Cloud TPU docs: v3 chip 123 TFLOP/s bf16, 2 cores, 32 GiB",
-               devices_per_chip=2),
-    DeviceSpec("tpu v4", 275.0, 32 * GIB, "Cloud TPU docs: v4 chip 275 TFLOP/s bf16, 32 GiB"),
-    DeviceSpec("tpu v5 lite", 197.0, 16 * GIB, "Cloud TPU docs: v5e chip 197 TFLOP/s bf16, 16 GiB"),
-    DeviceSpec("tpu v5e", 197.0, 16 * GIB, "Cloud TPU docs: v5e chip 197 TFLOP/s bf16, 16 GiB"),
-    DeviceSpec("tpu v5p", 459.0, 95 * GIB, "Cloud TPU docs: v5p chip 459 TFLOP/s bf16, 95 GiB"),
-    DeviceSpec("tpu v5", 459.0, 95 * GIB, "Cloud TPU docs: v5p chip (jax names it 'TPU v5'), 95 GiB"),
-    DeviceSpec("tpu v6 lite", 918.0, 32 * GIB, "Cloud TPU docs: v6e chip 918 TFLOP/s bf16, 32 GiB"),
+               devices_per_chip=2, generation="TPU v3", hbm_bytes_per_sec_per_chip=900 * GB,
+               link_bytes_per_sec_per_chip=82 * GB, network_bytes_per_sec_per_chip=1.25 * GB,
+               bandwidth_source="HBM: Jouppi et al., CACM 2020 (900 GB/s); ICI, DCN: assumed"),
+    DeviceSpec("tpu v4", 275.0, 32 * GIB, "Cloud TPU docs: v4 chip 275 TFLOP/s bf16, 32 GiB",
+               generation="TPU v4",
+               hbm_bytes_per_sec_per_chip=1200 * GB, link_bytes_per_sec_per_chip=275 * GB,
+               network_bytes_per_sec_per_chip=3.125 * GB,
+               bandwidth_source=_TPU_DOCS + ": 1.1 PB/s all-reduce over 4,096 chips; DCN assumed as v5e's"),
+    DeviceSpec("tpu v5 lite", 197.0, 16 * GIB, "Cloud TPU docs: v5e chip 197 TFLOP/s bf16, 16 GiB",
+               generation="TPU v5e",
+               hbm_bytes_per_sec_per_chip=819 * GB, link_bytes_per_sec_per_chip=200 * GB,
+               network_bytes_per_sec_per_chip=3.125 * GB,
+               bandwidth_source=_TPU_DOCS + ": 51.2 TB/s all-reduce / 256 chips, 2 x 100 Gbps per 8 chips"),
+    DeviceSpec("tpu v5e", 197.0, 16 * GIB, "Cloud TPU docs: v5e chip 197 TFLOP/s bf16, 16 GiB",
+               generation="TPU v5e",
+               hbm_bytes_per_sec_per_chip=819 * GB, link_bytes_per_sec_per_chip=200 * GB,
+               network_bytes_per_sec_per_chip=3.125 * GB,
+               bandwidth_source=_TPU_DOCS + ": 51.2 TB/s all-reduce / 256 chips, 2 x 100 Gbps per 8 chips"),
+    DeviceSpec("tpu v5p", 459.0, 95 * GIB, "Cloud TPU docs: v5p chip 459 TFLOP/s bf16, 95 GiB",
+               generation="TPU v5p",
+               hbm_bytes_per_sec_per_chip=2765 * GB, link_bytes_per_sec_per_chip=600 * GB,
+               network_bytes_per_sec_per_chip=6.25 * GB,
+               bandwidth_source=_TPU_DOCS + ": 1200 GBps bidirectional ICI, 50 Gbps DCN per chip"),
+    DeviceSpec("tpu v5", 459.0, 95 * GIB, "Cloud TPU docs: v5p chip (jax names it 'TPU v5'), 95 GiB",
+               generation="TPU v5p",
+               hbm_bytes_per_sec_per_chip=2765 * GB, link_bytes_per_sec_per_chip=600 * GB,
+               network_bytes_per_sec_per_chip=6.25 * GB,
+               bandwidth_source=_TPU_DOCS + ": 1200 GBps bidirectional ICI, 50 Gbps DCN per chip"),
+    DeviceSpec("tpu v6 lite", 918.0, 32 * GIB, "Cloud TPU docs: v6e chip 918 TFLOP/s bf16, 32 GiB",
+               generation="TPU v6e",
+               hbm_bytes_per_sec_per_chip=1638 * GB, link_bytes_per_sec_per_chip=400 * GB,
+               network_bytes_per_sec_per_chip=3.125 * GB,
+               bandwidth_source=_TPU_DOCS + ": 102.4 TB/s all-reduce over 256 chips; DCN assumed as v5e's"),
 )
 
 

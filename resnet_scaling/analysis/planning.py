@@ -1,44 +1,51 @@
-"""Time and cost to MLPerf's ResNet-50 target on a system, predicted from its compiled (or measured) step.
+"""Time and cost to a system's target, predicted from its compiled (or measured) step.
 
 Every figure is labelled with its basis (`Figure.basis`):
 
-- **step time**: libtpu's estimate (`optimal_seconds`: compute, memory traffic, collectives as it models the
-  chip and interconnect) of the real step AOT-compiled for a TPU system's topology (`aot.py`; "compiled"); a
-  run's `summary.json` steady-state step ("measured"); else "not predicted" (no GPU compiler without the GPU).
-- **compensation**: at most one factor per family, from the case study's figures only: for TPUs the published
-  v2 Pod time over the pod's compiled step (`tpu_factor`); none for GPUs (its V100 figures have no compiled
-  step; measured rows need none).
-- **epochs to 75.90%** at the batch: MLPerf's reference convergence points (`convergence.py`; "published").
-- **the case study's clock**: 90 x training images / batch steps (90 timed epochs; warm-up epoch, evaluation,
-  compilation and set-up off the clock).
-- **MLPerf's clock** (run_start to run_stop): training for the epochs to the target plus a pass over the
-  50,000 validation images every 4 epochs (`ceil(epochs / 4)`); no set-up (init_start to init_stop: untimed).
+- **step time**: the step model (`step_model.py`): a compiled program's base (libtpu's estimate, else its
+  roofline) and collectives, calibrated per chip generation on published MLPerf results, with an interval
+  from the fit's leave-one-out errors ("calibrated"; "uncalibrated" where a generation has no published
+  point and borrows another's fit); a run's `summary.json` steady-state step ("measured"). The raw model
+  (base + collectives, no calibration) is kept beside it, named as such.
+- **epochs** from the recipe the config runs: its own `training.num_epochs` (the case study's 91 for the
+  shipped configs), or, for a config in MLPerf mode, MLPerf's reference convergence points at its batch with
+  their min-max range (`convergence.py`).
+- **time to target** = the epochs' steps plus an evaluation pass every `eval every` epochs; the case study's
+  clock (90 timed epochs, training only) is kept for its comparisons.
+- **cost** = (chips x price per chip-hour + nodes x host VM per hour where billed apart) x hours, the hours
+  being the time to target plus the set-up billed before it (the step's compilation, where known), at a
+  price from the shipped dated price file (`prices.json`) or the user's.
 - **scaling efficiency**: images/sec per chip over the plan's smallest system of that kind ("derived").
 - **input pipeline**: host CPU cores each host needs for its share of images/sec, at a per-core rate the user
   gives (`benchmarks/input_pipeline.py` measures one); a check, not part of the step time.
-- **cost** = chips x hours x price per chip-hour, on each clock, at a price with its source and date.
-
-Nothing is fitted to the published results the predictions are checked against (benchmarks/planner_checks.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from resnet_scaling.analysis import convergence, hardware
+from resnet_scaling.analysis import convergence, hardware, step_model
 from resnet_scaling.errors import RunError
 
 CASE_STUDY_EPOCHS = 90  # The case study's timed epochs (after one warm-up epoch), at 76% top-1.
-MLPERF_EVAL_EVERY_EPOCHS = 4  # MLPerf's rules for ResNet-50: an evaluation pass every 4 epochs.
 IMAGENET_TRAIN_EXAMPLES = 1_281_167
+IMAGENET_EVAL_EXAMPLES = 50_000
+PRICES_PATH = pathlib.Path(__file__).with_name("prices.json")
+# The shipped compile report whose FLOPs and HBM bytes per image stand for a program that cannot be compiled
+# here (a GPU's: no GPU compiler runs without the GPU; TPU v6e's: libtpu crashes compiling it): ResNet-50
+# at 256 images a chip, one device per chip.
+REFERENCE_CONFIG = "tpu_v5e_16"
+GPUS_PER_NODE = 8
 
 
 @dataclasses.dataclass(frozen=True)
 class PublishedRun:
-    """A published training time: the case study's pod, the one figure the TPU factor comes from."""
+    """A published training time: the case study's pod, against which its comparisons are checked."""
 
     system: str
     device_kind: str
@@ -47,11 +54,6 @@ class PublishedRun:
     epochs: float
     minutes: float
     source: str
-
-    def is_system_of(self, system: System) -> bool:
-        """Whether `system` is this run's hardware and batch (what a factor from it may be computed on)."""
-        return (system.device_kind == self.device_kind and system.num_chips == self.num_chips
-                and system.global_batch == self.global_batch)
 
     @property
     def step_sec(self) -> float:
@@ -68,26 +70,38 @@ CASE_STUDY_POD = PublishedRun(
 
 @dataclasses.dataclass(frozen=True)
 class Figure:
-    """A number and where it comes from: basis is "compiled", "measured", "published", "derived",
-    "assumed", "given" or "not predicted" (then value is None)."""
+    """A number and where it comes from: basis is "calibrated", "uncalibrated", "compiled", "roofline",
+    "measured", "published", "derived", "assumed", "given" or "not predicted" (then value is None)."""
 
     value: float | None
     basis: str
     note: str = ""
 
 
-NOT_PREDICTED = Figure(None, "not predicted")
+@dataclasses.dataclass(frozen=True)
+class HostPrice:
+    """A VM billed apart from its accelerators (a V100's N1 machine), per node."""
+
+    machine: str
+    usd_per_hour: float
+    source: str
+    date: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
 class Price:
-    """A price per chip-hour in US dollars, with where and when it was read ("given" by the user, or
-    "assumed" where no price page confirms it)."""
+    """A price per chip-hour in US dollars, with where and when it was read ("shipped": the dated price
+    file; "given" by the user; "assumed" where no price page confirms it), and any host VM by GPUs per
+    node."""
 
     usd_per_chip_hour: float
     source: str
     date: str = ""
     basis: str = "given"
+    host_vm: Mapping[int, HostPrice] = dataclasses.field(default_factory=dict)
+
+    def host_for(self, chips_per_node: int) -> HostPrice | None:
+        return self.host_vm.get(chips_per_node)
 
 
 # The case study's prices, as docs/case_study.md gives them: no price page confirms them ("assumed").
@@ -99,6 +113,29 @@ ASSUMED_PRICES: Mapping[str, Price] = {
 }
 
 
+def load_prices(path: str | pathlib.Path = PRICES_PATH, basis: str = "shipped") -> dict[str, Price]:
+    """A price file: {"DEVICE KIND": {"usd_per_chip_hour", "source", "date", "host_vm": {"8": {"machine",
+    "usd_per_hour", "source", "date"}}}}; keys starting with "_" are comments.
+
+    Raises:
+      ValueError: a malformed entry (named).
+    """
+    table = json.loads(pathlib.Path(path).read_text())
+    prices = {}
+    for kind, entry in table.items():
+        if kind.startswith("_"):
+            continue
+        try:
+            hosts = {int(n): HostPrice(h["machine"], float(h["usd_per_hour"]), str(h["source"]),
+                                       str(h.get("date", "")))
+                     for n, h in (entry.get("host_vm") or {}).items()}
+            prices[kind] = Price(float(entry["usd_per_chip_hour"]), str(entry["source"]),
+                                 str(entry.get("date", "")), basis, hosts)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"{path}: {kind!r} needs usd_per_chip_hour and source ({e})") from None
+    return prices
+
+
 def price_for(device_kind: str, prices: Mapping[str, Price]) -> Price | None:
     """The price of the longest key of `prices` that `device_kind` contains (case-insensitive), or None."""
     kind = device_kind.lower()
@@ -107,15 +144,29 @@ def price_for(device_kind: str, prices: Mapping[str, Price]) -> Price | None:
 
 
 @dataclasses.dataclass(frozen=True)
+class Recipe:
+    """How long a config trains: its epochs, how often it evaluates, and whether in MLPerf mode."""
+
+    num_epochs: float
+    eval_every_epochs: float
+    mlperf_mode: bool = False
+
+
+CASE_STUDY_RECIPE = Recipe(91.0, 4.0)
+
+
+@dataclasses.dataclass(frozen=True)
 class System:
-    """What the planner needs of one system, from a compile report, a summary.json or a config alone.
+    """What the planner needs of one system, from a compile report, a summary.json or a config.
 
     Attributes:
       device_kind: as JAX names the devices ("TPU v2", "NVIDIA H200").
       num_chips: accelerator chips (a TPU v2 or v3 chip is 2 JAX devices).
       num_hosts: host machines (each preprocesses its share of the input); 0 if unknown.
-      step_sec: one training step (compiled, measured or not predicted).
-      eval_pass_sec: one pass over the validation set (likewise).
+      chips_per_node: GPUs per node (a host VM is billed per node); 0 for TPUs.
+      train, evaluation: the step programs the step model predicts, or None (then `measured_*` or
+        `why_not`).
+      setup_sec: billed before the clock starts (compiling the steps), where known.
     """
 
     name: str
@@ -123,30 +174,37 @@ class System:
     num_chips: int
     num_hosts: int
     global_batch: int
-    step_sec: Figure
-    eval_pass_sec: Figure
+    recipe: Recipe
+    train: step_model.StepProgram | None = None
+    evaluation: step_model.StepProgram | None = None
+    eval_steps_per_pass: int = 0
+    measured_step_sec: Figure | None = None
+    measured_eval_pass_sec: Figure | None = None
+    setup_sec: Figure | None = None
+    chips_per_node: int = 0
+    why_not: str = ""
     num_train_examples: int = IMAGENET_TRAIN_EXAMPLES
 
     @property
     def family(self) -> str:
-        """"TPU" or "GPU": the accelerator family a compensation factor covers."""
+        """"TPU" or "GPU"."""
         return "TPU" if "tpu" in self.device_kind.lower() else "GPU"
 
 
 def system_from_report(report: Mapping[str, Any]) -> System:
     """A system from a compile report (`python -m resnet_scaling.compile --json_out`, `aot.CompileReport`)."""
-    step = report.get("estimated_step_sec")
-    eval_step = report.get("estimated_eval_step_sec")
-    passes = report.get("eval_steps_per_pass")
+    train, evaluation = step_model.programs_from_report(report)
+    recipe = Recipe(float(report.get("num_epochs") or CASE_STUDY_RECIPE.num_epochs),
+                    float(report.get("eval_every_epochs") or CASE_STUDY_RECIPE.eval_every_epochs),
+                    bool(report.get("mlperf_mode")))
+    compile_sec = report.get("compile_sec")
     return System(
         name=report.get("system") or report.get("model", "?"), device_kind=report["device_kind"],
         num_chips=int(report["num_chips"]), num_hosts=int(report.get("num_hosts") or 0),
-        global_batch=int(report["global_batch_size"]),
-        step_sec=Figure(step, "compiled", "libtpu's estimate of the AOT-compiled step") if step
-        else Figure(None, "not predicted", f"libtpu gives no usable estimate of this step on "
-                    f"{report['device_kind']} (none, or a negative optimal_seconds); no roofline model yet"),
-        eval_pass_sec=Figure(eval_step * passes, "compiled", f"{passes} steps of libtpu's estimate")
-        if eval_step and passes else Figure(None, "not predicted", "no compiled evaluation step"),
+        global_batch=int(report["global_batch_size"]), recipe=recipe, train=train, evaluation=evaluation,
+        eval_steps_per_pass=int(report.get("eval_steps_per_pass") or 0),
+        setup_sec=Figure(compile_sec, "measured", "compiling the train step, as the report timed it on its "
+                         "host CPU") if compile_sec else None,
         num_train_examples=int(report["num_train_examples"]))
 
 
@@ -217,63 +275,81 @@ def system_from_summary(summary: Mapping[str, Any]) -> System:
     rate = throughput.get("images_per_sec")
     evals = (summary.get("accuracy") or {}).get("num_evals") or 0
     kind = run["device_kind"]
+    training = config.get("training", {})
+    every = (config.get("mlperf", {}).get("eval_every_epochs") if config.get("mlperf", {}).get("enabled")
+             else config.get("eval", {}).get("every_epochs"))
+    recipe = Recipe(float(training.get("num_epochs") or CASE_STUDY_RECIPE.num_epochs),
+                    float(every or CASE_STUDY_RECIPE.eval_every_epochs),
+                    bool(config.get("mlperf", {}).get("enabled")))
+    chips = max(1, run["devices"] // hardware.devices_per_chip(kind))
+    gpu = "tpu" not in kind.lower()
+    processes = int(run.get("process_count") or 0)
     return System(
         name=config.get("system", {}).get("name") or f"{run['devices']} x {kind}", device_kind=kind,
-        num_chips=max(1, run["devices"] // hardware.devices_per_chip(kind)),
-        num_hosts=int(run.get("process_count") or 0),
-        global_batch=int(run["global_batch_size"]),
-        step_sec=Figure(run["global_batch_size"] / rate, "measured", "summary.json: steady-state images/sec")
-        if rate else Figure(None, "not predicted", "the summary has no steady-state images/sec"),
-        eval_pass_sec=Figure(times["eval_sec"] / evals, "measured", f"summary.json: {evals} evaluations")
-        if evals and times.get("eval_sec") else Figure(None, "not predicted", "no evaluation in the run"),
+        num_chips=chips, num_hosts=processes, global_batch=int(run["global_batch_size"]), recipe=recipe,
+        measured_step_sec=Figure(run["global_batch_size"] / rate, "measured",
+                                 "summary.json: steady-state images/sec") if rate else None,
+        measured_eval_pass_sec=Figure(times["eval_sec"] / evals, "measured", f"summary.json: {evals} "
+                                      "evaluations") if evals and times.get("eval_sec") else None,
+        setup_sec=Figure(times["compile_sec"], "measured", "summary.json: compilation")
+        if times.get("compile_sec") else None,
+        chips_per_node=(chips // max(processes, 1)) if gpu else 0,
+        why_not="the summary has no steady-state images/sec" if not rate else "",
         num_train_examples=int(config.get("data", {}).get("num_train_examples") or IMAGENET_TRAIN_EXAMPLES))
 
 
-def system_from_config(config: Any) -> System:
-    """A system from a config alone (a GPU config without a run): batch and epochs, no step time."""
+def system_from_config(config: Any, reference_report: Mapping[str, Any] | None = None) -> System:
+    """A system from its config alone, with no compile report of its own: the step model's roofline of a
+    TPU program of the same model (`reference_report`, per image, times the system's batch per chip), or,
+    without a reference, no step (`why_not`). For GPUs, and TPU configs that name no topology."""
     kind = config.system.device_kind or "?"
     devices = int(config.mesh.num_devices)
-    why = ("no GPU compiler runs without the GPU: pass a summary.json of a run on it" if "tpu" not in
-           kind.lower() else "pass its compile report (python -m resnet_scaling.compile)")
-    return System(name=config.system.name or "?", device_kind=kind,
-                  num_chips=max(1, devices // hardware.devices_per_chip(kind)),
-                  num_hosts=0, global_batch=int(config.training.global_batch_size),
-                  step_sec=Figure(None, "not predicted", why),
-                  eval_pass_sec=Figure(None, "not predicted", why),
-                  num_train_examples=int(config.data.num_train_examples))
-
-
-def tpu_factor(pod: System, published: PublishedRun = CASE_STUDY_POD) -> Figure:
-    """The TPU family's factor: the published pod's step time over the pod's compiled step time.
-
-    Raises:
-      ValueError: `pod` is not the published run's system (another device kind or batch), or has no step.
-    """
-    if not published.is_system_of(pod):
-        raise ValueError(f"{pod.name}: {pod.num_chips} x {pod.device_kind} at batch {pod.global_batch:,}, "
-                         f"not the published {published.system} ({published.num_chips} x "
-                         f"{published.device_kind} at {published.global_batch:,})")
-    if pod.step_sec.value is None or pod.step_sec.basis != "compiled":
-        raise ValueError(f"{pod.name}: no compiled step time to calibrate on.")
-    factor = published.step_sec / pod.step_sec.value
-    return Figure(factor, "derived", f"{published.source}: {published.step_sec * 1e3:.1f} ms a step over the "
-                  f"compiled {pod.step_sec.value * 1e3:.1f} ms ({1 / factor:.0%} of libtpu's estimate)")
+    chips = max(1, devices // hardware.devices_per_chip(kind))
+    tpu = "tpu" in kind.lower()
+    per_node = 0 if tpu else min(chips, GPUS_PER_NODE)
+    batch = int(config.training.global_batch_size)
+    eval_batch = int(config.eval.global_batch_size or batch)
+    recipe = Recipe(float(config.training.num_epochs),
+                    float(config.mlperf.eval_every_epochs if config.mlperf.enabled
+                          else config.eval.every_epochs),
+                    bool(config.mlperf.enabled))
+    common = dict(name=config.system.name or "?", device_kind=kind, num_chips=chips,
+                  num_hosts=math.ceil(chips / (per_node or 4)), global_batch=batch, recipe=recipe,
+                  eval_steps_per_pass=math.ceil(int(config.data.num_eval_examples) / eval_batch),
+                  chips_per_node=per_node, num_train_examples=int(config.data.num_train_examples))
+    if reference_report is None:
+        return System(**common, why_not=f"no reference program to scale: the shipped compile report of "
+                      f"{REFERENCE_CONFIG} is missing or out of date (python -m resnet_scaling.compile "
+                      "--shipped)")
+    train, evaluation = step_model.scaled_programs(kind, chips, per_node, batch / chips, reference_report)
+    evaluation = evaluation and dataclasses.replace(
+        evaluation, flops_per_chip=evaluation.flops_per_chip * eval_batch / batch,
+        bytes_per_chip=evaluation.bytes_per_chip and evaluation.bytes_per_chip * eval_batch / batch)
+    return System(**common, train=train, evaluation=evaluation)
 
 
 @dataclasses.dataclass(frozen=True)
 class Clock:
-    """Seconds to the target on one clock, and its cost; None where not predicted."""
+    """Seconds to the target, its interval and its cost; None where not predicted.
+
+    `low_sec`/`high_sec` carry the step's interval (and, in MLPerf mode, the reference runs' fewest and most
+    epochs); `cost_*` add the set-up billed before the clock.
+    """
 
     epochs: Figure
     train_sec: float | None
     eval_sec: float | None
     total_sec: float | None
-    cost_usd: float | None
+    low_sec: float | None = None
+    high_sec: float | None = None
+    cost_usd: float | None = None
+    cost_low_usd: float | None = None
+    cost_high_usd: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
-    """One system's prediction: uncompensated, and compensated where its family has a factor."""
+    """One system's prediction: the calibrated (or measured) step and what follows from it."""
 
     system: str
     device_kind: str
@@ -281,79 +357,127 @@ class Prediction:
     num_hosts: int
     global_batch: int
     step_sec: Figure
-    factor: Figure | None
-    compensated_step_sec: Figure | None
+    step_low_sec: float | None
+    step_high_sec: float | None
+    raw_step_sec: Figure | None
     images_per_sec: float | None
-    compensated_images_per_sec: float | None
     scaling_efficiency: Figure | None
-    case_study: Clock
-    mlperf: Clock
-    compensated_case_study: Clock | None
-    compensated_mlperf: Clock | None
+    time_to_target: Clock
+    raw_time_to_target_sec: float | None
+    case_study_sec: float | None
+    setup_sec: Figure | None
     price: Price | None
+    host: HostPrice | None
     host_cores_needed: Figure | None
 
 
-def _clock(system: System, epochs: Figure, step_sec: float | None, eval_pass_sec: float | None,
-           price: Price | None, with_eval: bool) -> Clock:
-    steps = math.ceil(epochs.value * system.num_train_examples / system.global_batch)
-    train = steps * step_sec if step_sec else None
-    passes = math.ceil(epochs.value / MLPERF_EVAL_EVERY_EPOCHS)
-    evaluation = (passes * eval_pass_sec if eval_pass_sec else None) if with_eval else 0.0
-    total = train + evaluation if train is not None and evaluation is not None else None
-    cost = system.num_chips * total / 3600 * price.usd_per_chip_hour if price and total is not None else None
-    return Clock(epochs, train, evaluation if with_eval else None, total, cost)
-
-
-def predict(system: System, factor: Figure | None = None, price: Price | None = None,
-            input_images_per_sec_per_core: Figure | None = None,
-            epochs_override: Figure | None = None) -> Prediction:
-    """The prediction for one system; `factor` compensates its step times (the family's, or None).
-
-    Args:
-      epochs_override: MLPerf-clock epochs instead of the reference runs' (a published run's own, to check
-        the step-time model apart from the epochs).
+def epochs_for(system: System) -> tuple[Figure, float, float]:
+    """The epochs the system's recipe trains to the target, with a low and high: its own epochs, or in
+    MLPerf mode MLPerf's reference runs' mean and their fewest and most.
 
     Raises:
-      ValueError: a global batch above MLPerf's largest reference (no epochs to the target).
+      ValueError: MLPerf mode at a batch above MLPerf's largest reference (no epochs to the target).
     """
-    if epochs_override is None:
-        rcp = convergence.epochs_to_target(system.global_batch)
-        mlperf_epochs = Figure(rcp.epochs, "published", f"MLPerf's reference runs: {rcp.source}")
+    if not system.recipe.mlperf_mode:
+        epochs = system.recipe.num_epochs
+        return Figure(epochs, "recipe", f"the config's {epochs:g} epochs"), epochs, epochs
+    rcp = convergence.epochs_to_target(system.global_batch)
+    low, high = rcp.epoch_range
+    return Figure(rcp.epochs, "published", f"MLPerf's reference runs: {rcp.source}"), low, high
+
+
+def _clock_sec(system: System, epochs: float, step: float, eval_pass: float | None) -> tuple[float, float]:
+    """(training, evaluation) seconds for `epochs`: whole steps, and a pass every `eval_every_epochs` (or
+    one at the end). The tolerance keeps a length that is a whole number of steps from rounding up."""
+    steps = math.ceil(epochs * system.num_train_examples / system.global_batch - 1e-6)
+    every = system.recipe.eval_every_epochs
+    passes = math.ceil(epochs / every - 1e-6) if every else 1
+    return steps * step, passes * (eval_pass or 0.0)
+
+
+def _eval_pass(system: System, fits: Mapping[tuple[str, str], step_model.Calibration]) -> float | None:
+    if system.measured_eval_pass_sec is not None:
+        return system.measured_eval_pass_sec.value
+    if system.evaluation is None or not system.eval_steps_per_pass:
+        return None
+    step = step_model.predict_step(system.evaluation, fits).sec
+    return None if step is None else step * system.eval_steps_per_pass
+
+
+def predict(system: System, fits: Mapping[tuple[str, str], step_model.Calibration] | None = None,
+            price: Price | None = None, input_images_per_sec_per_core: Figure | None = None,
+            epochs_override: Figure | None = None) -> Prediction:
+    """The prediction for one system, with the shipped calibrations unless `fits` is given.
+
+    Args:
+      epochs_override: epochs instead of the recipe's (a published run's own, to check the step model
+        apart from the epochs).
+
+    Raises:
+      ValueError: MLPerf mode at a batch above MLPerf's largest reference (no epochs to the target).
+    """
+    fits = step_model.load_calibrations() if fits is None else fits
+    if epochs_override is not None:
+        epochs, low_epochs, high_epochs = epochs_override, epochs_override.value, epochs_override.value
     else:
-        mlperf_epochs = epochs_override
-    case_epochs = Figure(CASE_STUDY_EPOCHS, "published", "the case study's 90 timed epochs")
-    step, eval_pass = system.step_sec.value, system.eval_pass_sec.value
-    scale = factor.value if factor else None
-    comp_step = step * scale if step and scale else None
-    comp_eval = eval_pass * scale if eval_pass and scale else None
-    rate = system.global_batch / step if step else None
-    comp_rate = system.global_batch / comp_step if comp_step else None
+        epochs, low_epochs, high_epochs = epochs_for(system)
+    raw = None
+    if system.measured_step_sec is not None:
+        step = system.measured_step_sec
+        low = high = step.value
+    elif system.train is not None:
+        p = step_model.predict_step(system.train, fits)
+        basis = ("not predicted" if p.sec is None else
+                 "uncalibrated" if p.calibration and p.calibration.borrowed_from else "calibrated")
+        step, low, high = Figure(p.sec, basis, p.note), p.low_sec, p.high_sec
+        raw = Figure(p.raw_sec, system.train.base, "the step model without calibration (base + collectives)"
+                     ) if p.raw_sec else None
+    else:
+        step, low, high = Figure(None, "not predicted", system.why_not), None, None
+    eval_pass = _eval_pass(system, fits)
+    rate = system.global_batch / step.value if step.value else None
+    chips_per_node = system.chips_per_node
+    host = price.host_for(chips_per_node) if price and chips_per_node else None
+    setup = system.setup_sec.value if system.setup_sec else 0.0
+    usd_per_hour = (price.usd_per_chip_hour * system.num_chips + (host.usd_per_hour * system.num_hosts if host
+                                                                  else 0.0)) if price else None
+
+    def cost(seconds: float | None) -> float | None:
+        return None if usd_per_hour is None or seconds is None else (seconds + setup) / 3600 * usd_per_hour
+
+    if step.value is not None:
+        train, evaluation = _clock_sec(system, epochs.value, step.value, eval_pass)
+        total = train + evaluation
+        low_total = sum(_clock_sec(system, low_epochs, low, eval_pass and eval_pass * low / step.value))
+        high_total = sum(_clock_sec(system, high_epochs, high, eval_pass and eval_pass * high / step.value))
+        clock = Clock(epochs, train, evaluation, total, low_total, high_total, cost(total), cost(low_total),
+                      cost(high_total))
+        case_study = _clock_sec(system, CASE_STUDY_EPOCHS, step.value, None)[0]
+    else:
+        clock, case_study = Clock(epochs, None, None, None), None
+    raw_total = None
+    if raw is not None:
+        raw_eval = None
+        if system.evaluation is not None and system.eval_steps_per_pass:
+            raw_eval_step = step_model.predict_step(system.evaluation, fits).raw_sec
+            raw_eval = raw_eval_step and raw_eval_step * system.eval_steps_per_pass
+        raw_total = sum(_clock_sec(system, epochs.value, raw.value, raw_eval))
     cores = None
-    if input_images_per_sec_per_core and system.num_hosts and (comp_rate or rate):
-        per_host = (comp_rate or rate) / system.num_hosts
+    if input_images_per_sec_per_core and system.num_hosts and rate:
+        per_host = rate / system.num_hosts
         core = input_images_per_sec_per_core
         cores = Figure(per_host / core.value, "derived", f"{per_host:,.0f} images/sec per host at "
                        f"{core.value:,.0f} per core ({core.basis}: {core.note})")
-    compensated = factor is not None and comp_step is not None
     return Prediction(
         system=system.name, device_kind=system.device_kind, num_chips=system.num_chips,
-        num_hosts=system.num_hosts, global_batch=system.global_batch, step_sec=system.step_sec,
-        factor=factor if compensated else None,
-        compensated_step_sec=Figure(comp_step, "derived", "the compiled step x the family's factor")
-        if compensated else None,
-        images_per_sec=rate, compensated_images_per_sec=comp_rate, scaling_efficiency=None,
-        case_study=_clock(system, case_epochs, step, eval_pass, price, with_eval=False),
-        mlperf=_clock(system, mlperf_epochs, step, eval_pass, price, with_eval=True),
-        compensated_case_study=_clock(system, case_epochs, comp_step, comp_eval, price, with_eval=False)
-        if compensated else None,
-        compensated_mlperf=_clock(system, mlperf_epochs, comp_step, comp_eval, price, with_eval=True)
-        if compensated else None,
-        price=price, host_cores_needed=cores)
+        num_hosts=system.num_hosts, global_batch=system.global_batch, step_sec=step, step_low_sec=low,
+        step_high_sec=high, raw_step_sec=raw, images_per_sec=rate, scaling_efficiency=None,
+        time_to_target=clock, raw_time_to_target_sec=raw_total, case_study_sec=case_study,
+        setup_sec=system.setup_sec, price=price, host=host, host_cores_needed=cores)
 
 
 def with_scaling_efficiency(predictions: Sequence[Prediction]) -> list[Prediction]:
-    """`predictions` with each one's images/sec per chip over the smallest system's of its device kind."""
+    """`predictions` with each one's images/sec per chip over the smallest system of its device kind."""
     smallest: dict[str, Prediction] = {}
     for p in sorted(predictions, key=lambda p: p.num_chips):
         if p.images_per_sec:

@@ -17,7 +17,12 @@
 
 from resnet_scaling.analysis.hardware import peak_tflops_per_device
 from resnet_scaling.metrics.accuracy import MLPERF_TARGET_TOP1, TimeToAccuracy
-from resnet_scaling.metrics.compiled import estimated_seconds, flops_per_device, memory_per_device
+from resnet_scaling.metrics.compiled import (
+    bytes_accessed_per_device,
+    estimated_seconds,
+    flops_per_device,
+    memory_per_device,
+)
 from resnet_scaling.metrics.device import MetricsBuffer, first_non_finite_step, summarize_eval
 from resnet_scaling.metrics.goodput import GoodputRecorder, goodput_summary
 from resnet_scaling.metrics.run_clock import RunClock
@@ -48,6 +53,7 @@ __all__ = [
     "TimeToAccuracy",
     "build_summary",
     "check_summary",
+    "bytes_accessed_per_device",
     "estimated_seconds",
     "flops_per_device",
     "first_non_finite_step",

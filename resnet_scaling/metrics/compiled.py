@@ -28,6 +28,13 @@ def flops_per_device(compiled: Any) -> float | None:
     return float(flops) if flops is not None and flops > 0 else None
 
 
+def bytes_accessed_per_device(compiled: Any) -> float | None:
+    """HBM bytes one step of a compiled program reads and writes on its device, as XLA's cost analysis
+    counts them after fusion ("bytes accessed"), or None if unknown: the memory side of a roofline."""
+    accessed = _cost(compiled).get("bytes accessed")
+    return float(accessed) if accessed is not None and accessed > 0 else None
+
+
 def estimated_seconds(compiled: Any) -> float | None:
     """The compiler's own estimate of one run of the program on its device, or None: libtpu reports it as
     `optimal_seconds` for TPU programs (jax 0.10.2); XLA's CPU and GPU compilers do not."""
