@@ -31,9 +31,9 @@ from etils import epath
 from flax import traverse_util
 from jax.experimental import multihost_utils
 
+from resnet_scaling import workdir as workdir_lib
 from resnet_scaling.errors import RunError
 from resnet_scaling.resilience import state_checks
-from resnet_scaling.resilience import workdir as workdir_lib
 
 logger = logging.getLogger(__name__)
 

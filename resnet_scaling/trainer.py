@@ -23,11 +23,11 @@ from resnet_scaling import checkpointing, console, steps, training_setup
 from resnet_scaling import data as data_lib
 from resnet_scaling import metrics as metrics_lib
 from resnet_scaling import plan as plan_lib
+from resnet_scaling import workdir as workdir_lib
 from resnet_scaling.errors import RunError
 from resnet_scaling.metrics import mlperf_log, profiling
 from resnet_scaling.metrics.summary import SUMMARY_FILENAME
 from resnet_scaling.resilience import distributed, divergence, preemption
-from resnet_scaling.resilience import workdir as workdir_lib
 
 logger = logging.getLogger(__name__)
 

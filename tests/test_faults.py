@@ -17,8 +17,8 @@ import jax
 import numpy as np
 import pytest
 
-from resnet_scaling import checkpointing, trainer, training_setup
-from resnet_scaling.resilience import divergence, workdir
+from resnet_scaling import checkpointing, trainer, training_setup, workdir
+from resnet_scaling.resilience import divergence
 from tests.helpers import launch_xla_flags, random_arrays, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

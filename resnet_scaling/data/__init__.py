@@ -18,6 +18,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from resnet_scaling import plan as plan_lib
+from resnet_scaling import tf_import
 from resnet_scaling.data.base import (
     MLPERF_CROP_AREA_RANGE,
     RESIZE_METHODS,
@@ -31,7 +32,6 @@ from resnet_scaling.data.base import (
 )
 from resnet_scaling.data.shapes import make_shapes, shapes_folder
 from resnet_scaling.data.sources import ArraySource, SyntheticSource
-from resnet_scaling.host import tf_import
 
 __all__ = ["DATA_SOURCES", "MLPERF_CROP_AREA_RANGE", "RESIZE_METHODS", "ArraySource", "DataError",
            "DataSource", "SyntheticSource", "create_data_source", "make_shapes", "pad_batch", "prefetch",
