@@ -31,6 +31,7 @@ from etils import epath
 from flax import traverse_util
 from jax.experimental import multihost_utils
 
+from resnet_scaling import config as config_lib
 from resnet_scaling import workdir as workdir_lib
 from resnet_scaling.errors import RunError
 from resnet_scaling.resilience import state_checks
@@ -570,8 +571,6 @@ class SavedWeights:
 
 def load_saved_weights(path: str, weights: str = "export") -> SavedWeights:
     """Loads parameters, config, step and class names at once; `path`, `weights` as `find_weights` takes."""
-    from resnet_scaling import config as config_lib  # The config module imports the data package.
-
     variables_path, config_dict, step, names_directory = _find_weights(path, weights)
     class_names = read_class_names(names_directory) if names_directory is not None else None
     return SavedWeights(_restore_to_host(variables_path), config_lib.config_from_saved(config_dict), step,
