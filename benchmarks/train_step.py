@@ -28,10 +28,11 @@ import jaxlib
 
 from resnet_scaling import config as config_lib
 from resnet_scaling import config_fields
+from resnet_scaling.analysis.compiled import flops_per_device, memory_per_device
 from resnet_scaling.data import SyntheticSource
 from resnet_scaling.host import memory as host_memory
 from resnet_scaling.host import xla_flags
-from resnet_scaling.metrics import flops_per_device, memory_per_device, utilisation
+from resnet_scaling.metrics import utilisation
 from resnet_scaling.training_setup import setup
 
 WATCHED = {"/jax/core/compile/jaxpr_trace_duration": "traces",
