@@ -25,10 +25,11 @@ from resnet_scaling import metrics as metrics_lib
 from resnet_scaling import plan as plan_lib
 from resnet_scaling import workdir as workdir_lib
 from resnet_scaling.analysis import compiled as compiled_lib
+from resnet_scaling.checkpointing import divergence, preemption
 from resnet_scaling.errors import RunError
 from resnet_scaling.metrics import mlperf_log, profiling
 from resnet_scaling.metrics.summary import SUMMARY_FILENAME
-from resnet_scaling.resilience import distributed, divergence, preemption
+from resnet_scaling.resilience import distributed
 
 logger = logging.getLogger(__name__)
 

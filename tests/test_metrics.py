@@ -14,7 +14,7 @@ from resnet_scaling import checkpointing, metrics, trainer, training_setup
 from resnet_scaling import config as config_lib
 from resnet_scaling import plan as plan_lib
 from resnet_scaling.analysis import compiled as compiled_lib
-from resnet_scaling.resilience import preemption
+from resnet_scaling.checkpointing import preemption
 from tests.helpers import random_arrays, tiny_config
 
 

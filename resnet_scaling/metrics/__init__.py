@@ -16,7 +16,7 @@
 
 from resnet_scaling.analysis.hardware import peak_tflops_per_device
 from resnet_scaling.metrics.accuracy import MLPERF_TARGET_TOP1, TimeToAccuracy
-from resnet_scaling.metrics.device import MetricsBuffer, first_non_finite_step, summarize_eval
+from resnet_scaling.metrics.device import MetricsBuffer, summarize_eval
 from resnet_scaling.metrics.goodput import GoodputRecorder, goodput_summary
 from resnet_scaling.metrics.run_clock import RunClock
 from resnet_scaling.metrics.summary import (
@@ -46,7 +46,6 @@ __all__ = [
     "TimeToAccuracy",
     "build_summary",
     "check_summary",
-    "first_non_finite_step",
     "format_duration",
     "goodput_summary",
     "peak_tflops_per_device",
