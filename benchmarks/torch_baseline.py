@@ -165,7 +165,7 @@ def _jax_worker(args: argparse.Namespace, name: str) -> tuple[Callable[[int], fl
         host_memory.keep_freed_memory()
     import train_step
 
-    from resnet_scaling.metrics import memory_per_device
+    from resnet_scaling.analysis.compiled import memory_per_device
     from resnet_scaling.training_setup import setup
 
     info: dict[str, Any] = {"jax": jax.__version__, "device_kind": jax.devices()[0].device_kind}

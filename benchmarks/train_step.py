@@ -27,11 +27,12 @@ import jax
 import jaxlib
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import models, optim
+from resnet_scaling import config_fields
+from resnet_scaling.analysis.compiled import flops_per_device, memory_per_device
 from resnet_scaling.data import SyntheticSource
 from resnet_scaling.host import memory as host_memory
 from resnet_scaling.host import xla_flags
-from resnet_scaling.metrics import flops_per_device, memory_per_device, utilisation
+from resnet_scaling.metrics import utilisation
 from resnet_scaling.training_setup import setup
 
 WATCHED = {"/jax/core/compile/jaxpr_trace_duration": "traces",
@@ -54,11 +55,11 @@ class EventCounter:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The command-line options."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="resnet50", choices=models.MODEL_NAMES)
-    p.add_argument("--dtype", default="float32", choices=models.COMPUTE_DTYPES)
+    p.add_argument("--model", default="resnet50", choices=config_fields.MODEL_NAMES)
+    p.add_argument("--dtype", default="float32", choices=config_fields.COMPUTE_DTYPES)
     p.add_argument("--batch_size", type=int, default=16, help="Global batch size.")
     p.add_argument("--image_size", type=int, default=224)
-    p.add_argument("--optimizer", default="sgd", choices=optim.OPTIMIZERS)
+    p.add_argument("--optimizer", default="sgd", choices=config_fields.OPTIMIZERS)
     p.add_argument("--steps", type=int, default=5, help="Timed steps per repeat.")
     p.add_argument("--warmup_steps", type=int, default=2, help="Untimed steps after compiling.")
     p.add_argument("--num_devices", type=int, default=-1, help="-1: all devices.")

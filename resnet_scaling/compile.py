@@ -18,10 +18,9 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import console, errors
+from resnet_scaling import console, errors, workdir
 from resnet_scaling.analysis import aot, shipped_reports
 from resnet_scaling.host import process_setup
-from resnet_scaling.resilience import workdir
 
 logger = logging.getLogger("resnet_scaling.compile")  # Not __name__: "__main__" under `python -m`.
 

@@ -2,7 +2,8 @@
 
 Config files under `configs/` start from `get_base_config()` and change only what differs. `setup`
 (training_setup.py) validates once per command; `plan.derive` then makes the `TrainingPlan` consumers read.
-Each choice's allowed values live beside the factory that uses them (`models.MODEL_NAMES`, ...).
+The values each choice field accepts and the fields that set each duration are in config_fields.py, which
+the modules that read those fields import too: this module imports none of them.
 """
 
 from __future__ import annotations
@@ -20,11 +21,24 @@ from typing import Any
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from resnet_scaling.data import DATA_SOURCES, RESIZE_METHODS
-from resnet_scaling.metrics.mlperf_log import SUBMISSION_DIVISIONS, SUBMISSION_STATUSES
-from resnet_scaling.models import COMPUTE_DTYPES, LOWERINGS, MODEL_NAMES
-from resnet_scaling.optim import LARS_VARIANTS, OPTIMIZERS, SCHEDULES, WEIGHT_DECAY_LEAVES
-from resnet_scaling.plan import DURATIONS, LR_SCALINGS, TRAINING_LENGTH, ConfigError, set_duration_field
+from resnet_scaling.config_fields import (
+    COMPUTE_DTYPES,
+    DATA_SOURCES,
+    DURATIONS,
+    LARS_VARIANTS,
+    LOWERINGS,
+    LR_SCALINGS,
+    MODEL_NAMES,
+    OPTIMIZERS,
+    RESIZE_METHODS,
+    SCHEDULES,
+    SUBMISSION_DIVISIONS,
+    SUBMISSION_STATUSES,
+    TRAINING_LENGTH,
+    WEIGHT_DECAY_LEAVES,
+    set_duration_field,
+)
+from resnet_scaling.errors import ConfigError
 
 __all__ = ["IMAGENET_MEAN_RGB", "IMAGENET_NUM_EVAL_EXAMPLES", "IMAGENET_NUM_TRAIN_EXAMPLES",
            "IMAGENET_STDDEV_RGB", "ConfigError", "config_from_saved", "find_config_file", "get_base_config",
@@ -46,7 +60,7 @@ def get_base_config() -> ml_collections.ConfigDict:
     config.seed = 0  # Seeds parameter initialisation, synthetic data and shuffling.
 
     config.model = ml_collections.ConfigDict()
-    config.model.name = "resnet50"  # One of models.MODEL_NAMES.
+    config.model.name = "resnet50"  # One of config_fields.MODEL_NAMES.
     config.model.num_classes = 1000  # Width of the classifier.
     config.model.num_filters = 64  # Channels of the stem; each stage doubles them (64 is the paper's).
     config.model.zero_init_last_bn_scale = True  # Zero-init the last BN scale in each block (Goyal et al.).
@@ -58,8 +72,9 @@ def get_base_config() -> ml_collections.ConfigDict:
     # Dtype of activations and convolutions. Parameters, BN statistics and the loss stay float32.
     # float16 turns on dynamic loss scaling (for V100s, which have no bfloat16 units).
     config.model.compute_dtype = "float32"
-    # How 1x1 convolutions and max pooling are written (models.LOWERINGS): "auto" picks the forms XLA's CPU
-    # backend runs fastest on CPUs and nn.Conv / nn.max_pool on TPUs and GPUs; same parameters, same outputs.
+    # How 1x1 convolutions and max pooling are written (config_fields.LOWERINGS): "auto" picks the forms
+    # XLA's CPU backend runs fastest on CPUs and nn.Conv / nn.max_pool on TPUs and GPUs; same parameters,
+    # same outputs.
     config.model.lowering = "auto"
     # Initial weights: a torchvision ResNet state dict saved as .npz, a workdir (its export/), an export/
     # directory or a checkpoint (WORKDIR/checkpoints/<step>); a run resuming its own checkpoint ignores it.
@@ -161,7 +176,7 @@ def get_base_config() -> ml_collections.ConfigDict:
     # lr_scaling "linear" (Goyal et al.), or base_learning_rate itself with "none" (LARS recipes).
     config.optimizer.base_learning_rate = 0.1
     config.optimizer.lr_reference_batch_size = 256
-    config.optimizer.lr_scaling = "linear"  # One of plan.LR_SCALINGS.
+    config.optimizer.lr_scaling = "linear"  # One of config_fields.LR_SCALINGS.
 
     config.schedule = ml_collections.ConfigDict()
     config.schedule.name = "cosine"  # After warm-up: "cosine", "polynomial", "piecewise", "constant".

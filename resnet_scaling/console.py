@@ -138,7 +138,7 @@ def _unknown_field_message(error: BaseException, argv: list[str]) -> str:
 def read_config_flag(config_flag: flags.FlagHolder) -> ml_collections.ConfigDict:
     """The ConfigDict a `config_flags.DEFINE_config_file` flag holds, or one `error:` line when its file
     does not load (ml_collections: chained tracebacks)."""
-    from resnet_scaling.resilience import workdir
+    from resnet_scaling import workdir
 
     try:
         config = config_flag.value

@@ -24,7 +24,7 @@ from resnet_scaling import config as config_lib
 from resnet_scaling import data as data_lib
 from resnet_scaling import mesh as mesh_lib
 from resnet_scaling import plan as plan_lib
-from resnet_scaling.resilience import workdir as workdir_lib
+from resnet_scaling import workdir as workdir_lib
 
 logger = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from resnet_scaling.batchnorm import GroupedBatchNorm
+from resnet_scaling.config_fields import LOWERINGS
 from resnet_scaling.cpu_lowering import (
     PatchGradConv,
     PointwiseConv,
@@ -28,12 +29,6 @@ ModuleDef = Any
 
 # The MLPerf reference initialises the classifier with a small normal.
 dense_kernel_init = nn.initializers.normal(stddev=0.01)
-
-
-# `config.model.lowering`: "cpu" uses `cpu_lowering`'s forms, which XLA:CPU runs faster; "xla" uses
-# `nn.Conv` and `nn.max_pool`, which TPU and GPU backends map onto their convolution units and cuDNN;
-# "auto" picks "cpu" on CPUs, "xla" elsewhere. Both have the same parameters and outputs.
-LOWERINGS = ("auto", "cpu", "xla")
 
 
 def resolve_lowering(lowering: str, platform: str | None = None) -> str:
@@ -131,7 +126,7 @@ class ResNet(nn.Module):
       zero_init_last_bn_scale: start each residual branch at zero (Goyal et al.).
       bn_group_size: images per BN group in training (`GroupedBatchNorm`); None: `nn.BatchNorm` over the
         whole batch given (under `jit`, the global batch).
-      lowering: see `LOWERINGS`; "auto" follows JAX's default backend when the model is traced.
+      lowering: see `config_fields.LOWERINGS`; "auto" follows JAX's default backend when the model is traced.
     """
 
     stage_sizes: Sequence[int]
@@ -192,10 +187,6 @@ ARCHITECTURES: dict[str, tuple[tuple[int, ...], type[nn.Module]]] = {
 }
 
 DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-# The values `config.model.name` and `config.model.compute_dtype` accept (config.validate reads them).
-MODEL_NAMES = tuple(ARCHITECTURES)
-COMPUTE_DTYPES = tuple(DTYPES)
 
 
 def create_model(

@@ -28,13 +28,8 @@ import optax
 from flax import traverse_util
 from flax.training import dynamic_scale as dynamic_scale_lib
 
+from resnet_scaling.config_fields import LARS_VARIANTS
 from resnet_scaling.plan import TrainingPlan
-
-# Accepted values of `optimizer.name`, `.lars_variant`, `.weight_decay_on`, `schedule.name` (config.validate).
-OPTIMIZERS = ("sgd", "lars", "optax_lars")
-LARS_VARIANTS = ("reference", "tf1.12")
-WEIGHT_DECAY_LEAVES = ("kernels", "non_batchnorm")
-SCHEDULES = ("cosine", "polynomial", "piecewise", "constant")
 
 
 def kernel_mask(params: Any) -> Any:

@@ -8,69 +8,29 @@ data source needs the batch sizes before it can say how large its splits are:
     training_plan = plan.derive(config, source.num_train_examples, batch=batch,
                                 num_eval_examples=source.num_eval_examples)
 
-Durations (length, warm-ups, intervals) are given in steps, examples or epochs; `duration_steps` converts
-them all (as big_vision's `u.steps`).
+Durations (length, warm-ups, intervals) are given in steps, examples or epochs (which fields:
+`config_fields.DURATIONS`); `duration_steps` converts them all (as big_vision's `u.steps`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal
 
 import ml_collections
 from jax.sharding import Mesh
 
 from resnet_scaling import mesh as mesh_lib
+from resnet_scaling.config_fields import (
+    CHECKPOINT_INTERVAL,
+    EVAL_INTERVAL,
+    TIMING_WARMUP,
+    TRAINING_LENGTH,
+    WARMUP,
+    Duration,
+    set_duration_field,
+)
 from resnet_scaling.errors import ConfigError
-
-# How the peak learning rate follows the global batch: "linear" (Goyal et al.) or "none" (LARS recipes).
-LR_SCALINGS = ("linear", "none")
-
-
-Rounding = Literal["up", "down", "nearest", "interval"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Duration:
-    """Where one duration of a run is set (its steps, examples and epochs fields) and how it rounds.
-
-    The first field set (not None) wins, in that order: `--config.training.num_train_steps` on the command
-    line overrides the file's `num_epochs`. Rounding of examples and epochs to steps:
-      "up": the run's length, at least what was asked (the case study's 91 epochs: 113,854 steps at 1024).
-      "down": the warm-up, as tensorflow/tpu's `warmup_epochs * examples // batch` (5 epochs: 6,255 steps at
-        1024; the schedule also keeps the fractional length).
-      "nearest": points within a run (the 1-epoch timing warm-up: 1,251 steps at 1024, 39 at 32768).
-      "interval": every-N; positive is at least 1 step, 0 or less (in steps too) is 0 ("only at the end").
-    """
-
-    section: str
-    steps: str
-    examples: str
-    epochs: str
-    rounding: Rounding
-
-    def fields(self) -> tuple[str, str, str]:
-        """The three fields as "section.name"."""
-        return tuple(f"{self.section}.{name}" for name in (self.steps, self.examples, self.epochs))
-
-
-TRAINING_LENGTH = Duration("training", "num_train_steps", "num_examples", "num_epochs", "up")
-WARMUP = Duration("schedule", "warmup_steps", "warmup_examples", "warmup_epochs", "down")
-EVAL_INTERVAL = Duration("eval", "every_steps", "every_examples", "every_epochs", "interval")
-CHECKPOINT_INTERVAL = Duration("checkpoint", "every_steps", "every_examples", "every_epochs", "interval")
-TIMING_WARMUP = Duration("training", "timing_warmup_steps", "timing_warmup_examples", "timing_warmup_epochs",
-                         "nearest")
-DURATIONS = (TRAINING_LENGTH, WARMUP, EVAL_INTERVAL, CHECKPOINT_INTERVAL, TIMING_WARMUP)
-
-
-def set_duration_field(config: ml_collections.ConfigDict, duration: Duration) -> str | None:
-    """The "section.name" of the field that sets `duration` in `config`, or None if none is set."""
-    section = config[duration.section]
-    for name in (duration.steps, duration.examples, duration.epochs):
-        if section[name] is not None:
-            return f"{duration.section}.{name}"
-    return None
 
 
 def fractional_steps(config: ml_collections.ConfigDict, duration: Duration, num_train_examples: int,

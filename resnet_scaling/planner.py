@@ -27,11 +27,10 @@ from typing import Any
 from absl import app, flags
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import console, errors
+from resnet_scaling import console, errors, workdir
 from resnet_scaling.analysis import planning, shipped_reports, step_model
 from resnet_scaling.host import process_setup
 from resnet_scaling.metrics import format_duration
-from resnet_scaling.resilience import workdir
 
 logger = logging.getLogger("resnet_scaling.planner")  # Not __name__: "__main__" under `python -m`.
 

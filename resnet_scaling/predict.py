@@ -128,7 +128,7 @@ class Predictor:
             if wrong:
                 raise ValueError(self._as_given_message(wrong[0]))
             return np.stack(images) if images else np.zeros((0, size, size, 3), np.uint8)
-        from resnet_scaling.host import tf_import
+        from resnet_scaling import tf_import
 
         tf_import.import_tensorflow_for_host()  # GPUs hidden from it, its import notices off the console.
         from resnet_scaling.data import pipeline, preprocessing  # TensorFlow: only runs on image files.

@@ -19,9 +19,9 @@ from ml_collections import config_flags
 
 from resnet_scaling import checkpointing, config_text, console, errors, trainer
 from resnet_scaling import config as config_lib
+from resnet_scaling import workdir as workdir_lib
 from resnet_scaling.host import process_setup, xla_flags
 from resnet_scaling.resilience import distributed
-from resnet_scaling.resilience import workdir as workdir_lib
 
 logger = logging.getLogger("resnet_scaling.train")  # Not __name__: "__main__" under `python -m`.
 

@@ -23,11 +23,13 @@ from resnet_scaling import checkpointing, console, steps, training_setup
 from resnet_scaling import data as data_lib
 from resnet_scaling import metrics as metrics_lib
 from resnet_scaling import plan as plan_lib
+from resnet_scaling import workdir as workdir_lib
+from resnet_scaling.analysis import compiled as compiled_lib
+from resnet_scaling.checkpointing import divergence, preemption
 from resnet_scaling.errors import RunError
 from resnet_scaling.metrics import mlperf_log, profiling
 from resnet_scaling.metrics.summary import SUMMARY_FILENAME
-from resnet_scaling.resilience import distributed, divergence, preemption
-from resnet_scaling.resilience import workdir as workdir_lib
+from resnet_scaling.resilience import distributed
 
 logger = logging.getLogger(__name__)
 
@@ -272,7 +274,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
             log("Exported the final parameters to %s.", checkpointer.export(state))
         result.state = state
         clock.record(int(state.step))
-        result.summary = _summary(run, clock, goodput, result, metrics_lib.flops_per_device(train_step_fn),
+        result.summary = _summary(run, clock, goodput, result, compiled_lib.flops_per_device(train_step_fn),
                                   mlperf.summary())
         if is_writer:
             _write_summary_and_headline(workdir, result, records.tensorboard_dir, checkpointer)
@@ -350,7 +352,7 @@ def _restore(checkpointer: checkpointing.Checkpointer | None, state: steps.Train
 
 
 def _log_compiled(log: Callable[..., None], compiled: Any, compile_sec: float) -> None:
-    memory = metrics_lib.memory_per_device(compiled)
+    memory = compiled_lib.memory_per_device(compiled)
     cache = jax.config.jax_compilation_cache_dir  # Set by the command line (train.py), after validation.
     log("Compiled the train step in %.1fs%s%s.", compile_sec,
         "" if memory is None else f", {memory['total'] / 2**20:.0f} MiB per device",

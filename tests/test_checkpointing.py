@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from resnet_scaling import checkpointing, mesh, models, trainer
-from resnet_scaling.resilience import divergence
+from resnet_scaling.checkpointing import divergence
 from tests.helpers import launch_xla_flags, random_arrays, tiny_config, users_compile
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

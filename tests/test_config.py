@@ -9,8 +9,7 @@ import re
 import pytest
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import data, models, optim, recipes
-from resnet_scaling import plan as plan_lib
+from resnet_scaling import config_fields, models, recipes
 from resnet_scaling.config import ConfigError, get_base_config, validate
 from resnet_scaling.plan import derive
 
@@ -254,13 +253,13 @@ def test_validate_refuses_indivisible_eval_batch():
 @pytest.mark.parametrize(
     ("section", "name", "value", "choices"),
     [
-        ("model", "name", "resnet51", models.MODEL_NAMES),
-        ("optimizer", "name", "adam", optim.OPTIMIZERS),
-        ("model", "compute_dtype", "float8", models.COMPUTE_DTYPES),
-        ("schedule", "name", "linear", optim.SCHEDULES),
-        ("data", "source", "imagenet2012", data.DATA_SOURCES),
-        ("optimizer", "lr_scaling", "sqrt", plan_lib.LR_SCALINGS),
-        ("data", "resize_method", "nearest", data.RESIZE_METHODS),
+        ("model", "name", "resnet51", config_fields.MODEL_NAMES),
+        ("optimizer", "name", "adam", config_fields.OPTIMIZERS),
+        ("model", "compute_dtype", "float8", config_fields.COMPUTE_DTYPES),
+        ("schedule", "name", "linear", config_fields.SCHEDULES),
+        ("data", "source", "imagenet2012", config_fields.DATA_SOURCES),
+        ("optimizer", "lr_scaling", "sqrt", config_fields.LR_SCALINGS),
+        ("data", "resize_method", "nearest", config_fields.RESIZE_METHODS),
     ],
 )
 def test_validate_refuses_unknown_choice(section, name, value, choices):
@@ -272,6 +271,19 @@ def test_validate_refuses_unknown_choice(section, name, value, choices):
     assert repr(value) in message
     for choice in choices:
         assert choice in message
+
+
+def test_the_choices_are_what_their_readers_build():
+    """config_fields lists what the readers implement: the model table's names and dtypes in its order, and
+    the submission keys MLPerf's own constants spell."""
+    from mlperf_logging.mllog import constants as mlc
+
+    assert config_fields.MODEL_NAMES == tuple(models.ARCHITECTURES)
+    assert config_fields.COMPUTE_DTYPES == tuple(models.DTYPES)
+    lowered_on_tpu = [models.resolve_lowering(lowering, "tpu") for lowering in config_fields.LOWERINGS]
+    assert lowered_on_tpu == ["xla", "cpu", "xla"]
+    assert config_fields.SUBMISSION_DIVISIONS == (mlc.CLOSED, mlc.OPEN)
+    assert config_fields.SUBMISSION_STATUSES == (mlc.CLOUD, mlc.ONPREM, "preview", mlc.RESEARCH)
 
 
 @pytest.mark.parametrize(

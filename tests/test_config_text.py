@@ -72,7 +72,7 @@ def test_every_field_has_its_base_comment_and_changed_values_name_the_default():
                 "#"), f"no comment for {lines[i]!r}"
     assert ("    # Training crop (ResNet-50 v1.5 reference): area fraction (MLPerf: 0.05-1) and aspect-ratio "
             "ranges.\n    config.data.crop_area_range = (0.35, 1.0)  # (default: (0.08, 1.0))\n") in printed
-    assert ('    config.model.name = "resnet18"  # One of models.MODEL_NAMES. (default: "resnet50")\n'
+    assert ('    config.model.name = "resnet18"  # One of config_fields.MODEL_NAMES. (default: "resnet50")\n'
             in printed)
     assert "    config.data.num_train_examples = 12_000  # Epoch length for synthetic/shapes. " in printed
     assert "    config.training.num_train_steps = None\n" in printed  # A placeholder: None, not "null".

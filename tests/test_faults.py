@@ -17,8 +17,8 @@ import jax
 import numpy as np
 import pytest
 
-from resnet_scaling import checkpointing, trainer, training_setup
-from resnet_scaling.resilience import divergence, workdir
+from resnet_scaling import checkpointing, trainer, training_setup, workdir
+from resnet_scaling.checkpointing import divergence
 from tests.helpers import launch_xla_flags, random_arrays, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -131,7 +131,7 @@ def test_a_flipped_bit_never_restores_other_values_than_were_saved(tmp_path, cap
 
 
 def test_fingerprints_see_every_bit_and_every_array():
-    from resnet_scaling.resilience import state_checks
+    from resnet_scaling.checkpointing import state_checks
 
     tree = {"a": np.arange(1000, dtype=np.float32), "b": {"c": np.ones((3, 4), np.int32)},
             "h": np.zeros(8, jax.numpy.bfloat16)}

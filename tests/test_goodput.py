@@ -7,7 +7,7 @@ import time
 import pytest
 
 from resnet_scaling import checkpointing, metrics, trainer
-from resnet_scaling.resilience import preemption
+from resnet_scaling.checkpointing import preemption
 from tests.helpers import random_arrays, tiny_config
 from tests.test_metrics import inject_delays
 

@@ -19,8 +19,8 @@ import tensorflow_datasets as tfds
 
 from resnet_scaling import data, mesh, trainer
 from resnet_scaling import plan as plan_lib
+from resnet_scaling.checkpointing import preemption
 from resnet_scaling.data import pipeline, records, tfds_data
-from resnet_scaling.resilience import preemption
 from tests.helpers import tiny_config
 from tests.image_files import encode, identity, with_identity, write_folders, write_ilsvrc_tars
 

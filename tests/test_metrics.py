@@ -13,7 +13,8 @@ import pytest
 from resnet_scaling import checkpointing, metrics, trainer, training_setup
 from resnet_scaling import config as config_lib
 from resnet_scaling import plan as plan_lib
-from resnet_scaling.resilience import preemption
+from resnet_scaling.analysis import compiled as compiled_lib
+from resnet_scaling.checkpointing import preemption
 from tests.helpers import random_arrays, tiny_config
 
 
@@ -166,7 +167,7 @@ class _Compiled:
     ({"flops": 2e9}, 2e9), ([{"flops": 3e9}], 3e9), ([], None), (None, None), ({"flops": -1.0}, None),
     (NotImplementedError("no cost analysis"), None)])
 def test_flops_per_device_reads_every_cost_analysis_shape(cost, flops):
-    assert metrics.flops_per_device(_Compiled(cost)) == flops
+    assert compiled_lib.flops_per_device(_Compiled(cost)) == flops
 
 
 def test_utilisation_is_achieved_flops_over_the_peak():

@@ -8,14 +8,14 @@ import math
 import numpy as np
 import pytest
 
-from resnet_scaling import data, plan
+from resnet_scaling import config_fields, data, plan
 from resnet_scaling.config import ConfigError, get_base_config, validate
 from tests.helpers import tiny_config
 
 IMAGENET = 1_281_167
 
 
-@pytest.mark.parametrize("duration", plan.DURATIONS, ids=lambda d: f"{d.section}.{d.steps}")
+@pytest.mark.parametrize("duration", config_fields.DURATIONS, ids=lambda d: f"{d.section}.{d.steps}")
 def test_every_duration_converts_steps_examples_and_epochs_alike(duration):
     """The same length given three ways gives the same steps; steps win over examples over epochs."""
     config = get_base_config()  # Global batch 1024.
@@ -29,7 +29,7 @@ def test_every_duration_converts_steps_examples_and_epochs_alike(duration):
     assert from_epochs == from_examples == (2503 if duration.rounding == "up" else 2502)  # 2502.28 steps
     section[duration.steps] = 7
     assert plan.duration_steps(config, duration, IMAGENET, 1024) == 7
-    assert plan.set_duration_field(config, duration) == f"{duration.section}.{duration.steps}"
+    assert config_fields.set_duration_field(config, duration) == f"{duration.section}.{duration.steps}"
 
 
 def test_examples_set_the_run_length_and_warmup_in_the_plan():

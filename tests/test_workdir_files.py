@@ -6,8 +6,7 @@ import logging
 
 import pytest
 
-from resnet_scaling import checkpointing, trainer
-from resnet_scaling.resilience import workdir
+from resnet_scaling import checkpointing, trainer, workdir
 from tests.helpers import random_arrays, tiny_config
 
 

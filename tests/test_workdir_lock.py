@@ -12,8 +12,7 @@ import time
 
 import pytest
 
-from resnet_scaling import trainer, training_setup
-from resnet_scaling.resilience import workdir
+from resnet_scaling import trainer, training_setup, workdir
 from tests.helpers import random_arrays, tiny_config
 
 

@@ -3,6 +3,7 @@
 | module | job |
 |---|---|
 | `hardware.py` | one table of peak FLOP/s, HBM and link bandwidths per device kind; the host's CPU |
+| `compiled.py` | FLOPs and memory per device of a compiled step, from XLA's cost and memory analyses |
 | `aot.py` | the real train step compiled ahead of time for a TPU topology this machine does not have |
 | `hlo.py` | the collectives of a compiled program and the bytes they move |
 | `convergence.py` | epochs to MLPerf's ResNet target at a global batch, from MLPerf's reference runs |

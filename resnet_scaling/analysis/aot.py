@@ -21,7 +21,8 @@ import ml_collections
 
 from resnet_scaling import config as config_lib
 from resnet_scaling import mesh as mesh_lib
-from resnet_scaling import metrics, training_setup
+from resnet_scaling import training_setup
+from resnet_scaling.analysis import compiled as compiled_lib
 from resnet_scaling.analysis import hardware, hlo
 from resnet_scaling.errors import MissingExtraError, RunError
 
@@ -183,7 +184,7 @@ def build_report(config: ml_collections.ConfigDict, devices: Sequence[jax.Device
     collectives = hlo.find_collectives(hlo_text, num_devices=len(slice_of_device))
     largest = sorted(collectives, key=lambda c: c.num_elements, reverse=True)[:8]
     num_slices = mesh_lib.num_mesh_slices(run.mesh)
-    flops_per_device = metrics.flops_per_device(compiled) or 0.0
+    flops_per_device = compiled_lib.flops_per_device(compiled) or 0.0
     peak_tflops = hardware.peak_tflops_per_device(devices[0].device_kind)
     return CompileReport(
         system=config.system.name,
@@ -202,18 +203,19 @@ def build_report(config: ml_collections.ConfigDict, devices: Sequence[jax.Device
         num_params=run.num_params,
         num_batch_stats=num_batch_stats,
         compile_sec=compile_sec,
-        memory_bytes=metrics.memory_per_device(compiled),
+        memory_bytes=compiled_lib.memory_per_device(compiled),
         hbm_bytes_per_device=hardware.hbm_bytes_per_device(devices, config.system.device_kind),
         flops_per_device=flops_per_device,
         flops_per_step=flops_per_device * plan.num_devices,
-        bytes_accessed_per_device=metrics.bytes_accessed_per_device(compiled),
-        estimated_step_sec=metrics.estimated_seconds(compiled),
+        bytes_accessed_per_device=compiled_lib.bytes_accessed_per_device(compiled),
+        estimated_step_sec=compiled_lib.estimated_seconds(compiled),
         flop_floor_sec=flops_per_device / (peak_tflops * 1e12) if peak_tflops and flops_per_device else None,
         eval_global_batch_size=plan.batch.eval_global_batch_size,
         eval_steps_per_pass=plan.eval_steps,
-        estimated_eval_step_sec=compiled_eval and metrics.estimated_seconds(compiled_eval),
-        eval_flops_per_device=compiled_eval and metrics.flops_per_device(compiled_eval),
-        eval_bytes_accessed_per_device=compiled_eval and metrics.bytes_accessed_per_device(compiled_eval),
+        estimated_eval_step_sec=compiled_eval and compiled_lib.estimated_seconds(compiled_eval),
+        eval_flops_per_device=compiled_eval and compiled_lib.flops_per_device(compiled_eval),
+        eval_bytes_accessed_per_device=compiled_eval and compiled_lib.bytes_accessed_per_device(
+            compiled_eval),
         num_epochs=plan.epochs_at(plan.total_steps),
         eval_every_epochs=plan.epochs_at(plan.eval_every_steps),
         mlperf_mode=bool(config.mlperf.enabled),

@@ -18,9 +18,10 @@ import numpy as np
 from jax.sharding import Mesh
 
 from resnet_scaling import plan as plan_lib
+from resnet_scaling import tf_import
+from resnet_scaling.config_fields import DATA_SOURCES
 from resnet_scaling.data.base import (
     MLPERF_CROP_AREA_RANGE,
-    RESIZE_METHODS,
     DataError,
     DataSource,
     pad_batch,
@@ -31,14 +32,11 @@ from resnet_scaling.data.base import (
 )
 from resnet_scaling.data.shapes import make_shapes, shapes_folder
 from resnet_scaling.data.sources import ArraySource, SyntheticSource
-from resnet_scaling.host import tf_import
 
-__all__ = ["DATA_SOURCES", "MLPERF_CROP_AREA_RANGE", "RESIZE_METHODS", "ArraySource", "DataError",
+__all__ = ["MLPERF_CROP_AREA_RANGE", "ArraySource", "DataError",
            "DataSource", "SyntheticSource", "create_data_source", "make_shapes", "pad_batch", "prefetch",
            "process_share", "shapes_folder", "shaped_eval_batch", "shaped_train_batch"]
 
-# The values `config.data.source` accepts (config.validate reads them); see create_data_source.
-DATA_SOURCES = ("tfds", "folders", "shapes", "synthetic", "arrays")
 _TF_DATA_SOURCES = ("tfds", "folders", "shapes")
 
 

@@ -20,13 +20,10 @@ from resnet_scaling import mesh as mesh_lib
 from resnet_scaling.errors import RunError
 from resnet_scaling.plan import BatchPlan
 
-__all__ = ["MLPERF_CROP_AREA_RANGE", "RESIZE_METHODS", "Batch", "DataError", "DataSource", "pad_batch",
+__all__ = ["MLPERF_CROP_AREA_RANGE", "Batch", "DataError", "DataSource", "pad_batch",
            "prefetch", "process_share", "shaped_eval_batch", "shaped_train_batch"]
 
 Batch = dict[str, jax.Array]
-
-# `tf.image.resize` methods the preprocessing accepts (`config.data.resize_method`).
-RESIZE_METHODS = ("bilinear", "bicubic", "area")
 # MLPerf's training crop area (the reference's is 8-100%); MLPerf mode overrides `data.crop_area_range`.
 MLPERF_CROP_AREA_RANGE = (0.05, 1.0)
 

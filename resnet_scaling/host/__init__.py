@@ -5,5 +5,4 @@
 | `process_setup.py` | `start_process` (platform, flags, CPU memory, a job); `start_host_compiler` |
 | `xla_flags.py` | XLA, libtpu and NCCL flags for throughput per backend; no TPU probe without a TPU |
 | `memory.py` | CPU steps: glibc keeps what a step frees for the next, instead of faulting it in again |
-| `tf_import.py` | TensorFlow imported for host work only (tf.data, TensorBoard), its GPUs hidden from it |
 """

@@ -7,7 +7,6 @@
 | `goodput.py` | goodput and badput by cause over every launch of a run (WORKDIR/goodput.json) |
 | `run_clock.py` | the run's time accounting in one object, saved in checkpoints; records goodput |
 | `accuracy.py` | time-to-accuracy (the case study's timed region and MLPerf's clock), epochs-to-accuracy |
-| `compiled.py` | FLOPs and memory per device of a compiled step, from XLA's cost and memory analyses |
 | `utilisation.py` | achieved TFLOP/s per device, MFU against the peak rates of hardware.py |
 | `writers.py` | JSON lines, TensorBoard event files, console durations |
 | `summary.py` | `summary.json`: the headline figures of a run and its config |
@@ -17,13 +16,7 @@
 
 from resnet_scaling.analysis.hardware import peak_tflops_per_device
 from resnet_scaling.metrics.accuracy import MLPERF_TARGET_TOP1, TimeToAccuracy
-from resnet_scaling.metrics.compiled import (
-    bytes_accessed_per_device,
-    estimated_seconds,
-    flops_per_device,
-    memory_per_device,
-)
-from resnet_scaling.metrics.device import MetricsBuffer, first_non_finite_step, summarize_eval
+from resnet_scaling.metrics.device import MetricsBuffer, summarize_eval
 from resnet_scaling.metrics.goodput import GoodputRecorder, goodput_summary
 from resnet_scaling.metrics.run_clock import RunClock
 from resnet_scaling.metrics.summary import (
@@ -53,13 +46,8 @@ __all__ = [
     "TimeToAccuracy",
     "build_summary",
     "check_summary",
-    "bytes_accessed_per_device",
-    "estimated_seconds",
-    "flops_per_device",
-    "first_non_finite_step",
     "format_duration",
     "goodput_summary",
-    "memory_per_device",
     "peak_tflops_per_device",
     "read_summary",
     "summarize_eval",

@@ -48,14 +48,6 @@ class MetricsBuffer:
         return {k: float(np.mean([r[k] for r in records])) for k in records[0] if k != "step"}
 
 
-def first_non_finite_step(records: list[dict[str, float]], key: str = "loss") -> int | None:
-    """The step of the first record whose `key` is NaN or infinite, else None."""
-    for record in records:
-        if not np.isfinite(record[key]):
-            return int(record["step"])
-    return None
-
-
 def summarize_eval(sums: Mapping[str, Any]) -> dict[str, float | int]:
     """Means of summed eval metrics, and `eval_count` (an integer: the device sums it as a float)."""
     count = float(sums["count"])

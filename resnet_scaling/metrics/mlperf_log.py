@@ -34,15 +34,13 @@ from etils import epath
 from mlperf_logging.mllog import constants as mlc
 from mlperf_logging.mllog import mllog
 
-from resnet_scaling import optim
+from resnet_scaling import config_fields, optim
 from resnet_scaling import plan as plan_lib
 
 logger = logging.getLogger(__name__)
 
 MLPERF_LOG_FILENAME = "mlperf_log.txt"
 SUCCESS, ABORTED = mlc.SUCCESS, mlc.ABORTED
-SUBMISSION_DIVISIONS = (mlc.CLOSED, mlc.OPEN)
-SUBMISSION_STATUSES = (mlc.CLOUD, mlc.ONPREM, "preview", mlc.RESEARCH)
 _PACKAGE_ROOT = str(pathlib.Path(__file__).resolve().parents[2])  # Trimmed from the caller's file name.
 
 
@@ -113,7 +111,7 @@ def eval_schedule(config: ml_collections.ConfigDict, plan: plan_lib.TrainingPlan
 
 def _warmup_epochs(config: ml_collections.ConfigDict, plan: plan_lib.TrainingPlan) -> float:
     """The warm-up as the config gives it, in epochs (a warm-up given in steps or images is converted)."""
-    if plan_lib.set_duration_field(config, plan_lib.WARMUP) == "schedule.warmup_epochs":
+    if config_fields.set_duration_field(config, config_fields.WARMUP) == "schedule.warmup_epochs":
         return float(config.schedule.warmup_epochs)
     return plan.warmup_exact_steps * plan.global_batch_size / plan.num_train_examples
 

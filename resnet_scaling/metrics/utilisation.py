@@ -15,7 +15,7 @@ def utilisation(flops_per_step_per_device: float | None, sec_per_step: float | N
     """FLOPs per step, achieved TFLOP/s per device and MFU (None where an input is unknown).
 
     Args:
-      flops_per_step_per_device: from `compiled.flops_per_device(compiled_step)`.
+      flops_per_step_per_device: from `analysis.compiled.flops_per_device(compiled_step)`.
       sec_per_step: steady-state seconds per training step.
       num_devices: devices running the step.
       device_kind: `jax.Device.device_kind`, for the peak table.

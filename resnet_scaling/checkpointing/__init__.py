@@ -1,4 +1,14 @@
-"""Checkpoints with orbax: asynchronous saves, automatic resume, preemption, best and exported parameters.
+"""Checkpoints with orbax: asynchronous saves, automatic resume, preemption, best and exported parameters;
+and the guards that decide what is saved and when.
+
+| module | job |
+|---|---|
+| `__init__.py` | the `Checkpointer` (one orbax manager), resume, exported and best parameters, class names |
+| `state_checks.py` | content fingerprints of a saved state (checked on restore); its health before a save |
+| `divergence.py` | no checkpoint holds a diverged state; the error names the newest sound one |
+| `preemption.py` | SIGTERM and Ctrl-C: every process stops at the same step, so the run saves and ends |
+
+What a workdir holds:
 
   checkpoints/<step>/  the train state, `meta` (config, clocks, array fingerprints) and `metrics` (the
                        step's evaluation), in one `CheckpointManager` that keeps the newest `checkpoint.keep`
@@ -31,9 +41,10 @@ from etils import epath
 from flax import traverse_util
 from jax.experimental import multihost_utils
 
+from resnet_scaling import config as config_lib
+from resnet_scaling import workdir as workdir_lib
+from resnet_scaling.checkpointing import state_checks
 from resnet_scaling.errors import RunError
-from resnet_scaling.resilience import state_checks
-from resnet_scaling.resilience import workdir as workdir_lib
 
 logger = logging.getLogger(__name__)
 
@@ -570,8 +581,6 @@ class SavedWeights:
 
 def load_saved_weights(path: str, weights: str = "export") -> SavedWeights:
     """Loads parameters, config, step and class names at once; `path`, `weights` as `find_weights` takes."""
-    from resnet_scaling import config as config_lib  # The config module imports the data package.
-
     variables_path, config_dict, step, names_directory = _find_weights(path, weights)
     class_names = read_class_names(names_directory) if names_directory is not None else None
     return SavedWeights(_restore_to_host(variables_path), config_lib.config_from_saved(config_dict), step,

@@ -27,8 +27,8 @@ from typing import Any
 
 from etils import epath
 
+from resnet_scaling import tf_import
 from resnet_scaling.errors import MissingExtraError, RunError
-from resnet_scaling.host import tf_import
 
 logger = logging.getLogger(__name__)
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from resnet_scaling.checkpointing import state_checks
 from resnet_scaling.errors import RunError
-from resnet_scaling.metrics.device import first_non_finite_step
-from resnet_scaling.resilience import state_checks
 
 if TYPE_CHECKING:
     from resnet_scaling.checkpointing import Checkpointer
@@ -16,6 +17,14 @@ if TYPE_CHECKING:
 class DivergenceError(RunError, FloatingPointError):
     """Training diverged (a non-finite loss, a non-finite or exploding state); the message names the step
     and the newest checkpoint that holds a sound state."""
+
+
+def first_non_finite_step(records: list[dict[str, float]], key: str = "loss") -> int | None:
+    """The step of the first record whose `key` is NaN or infinite, else None."""
+    for record in records:
+        if not np.isfinite(record[key]):
+            return int(record["step"])
+    return None
 
 
 class DivergenceGuard:
