@@ -58,6 +58,12 @@ _H100 = dict(generation="H100", hbm_bytes_per_sec_per_chip=3350 * GB, link_bytes
              network_bytes_per_sec_per_chip=50 * GB,
              bandwidth_source=_NVIDIA + " (DGX H100: one 400 Gb/s NDR port per GPU)")
 _TPU_DOCS = "Cloud TPU system-architecture pages (docs.cloud.google.com/tpu/docs/v4, v5e, v5p, v6e)"
+_V5E = dict(generation="TPU v5e", hbm_bytes_per_sec_per_chip=819 * GB, link_bytes_per_sec_per_chip=200 * GB,
+            network_bytes_per_sec_per_chip=3.125 * GB,
+            bandwidth_source=_TPU_DOCS + ": 51.2 TB/s all-reduce / 256 chips, 2 x 100 Gbps per 8 chips")
+_V5P = dict(generation="TPU v5p", hbm_bytes_per_sec_per_chip=2765 * GB, link_bytes_per_sec_per_chip=600 * GB,
+            network_bytes_per_sec_per_chip=6.25 * GB,
+            bandwidth_source=_TPU_DOCS + ": 1200 GBps bidirectional ICI, 50 Gbps DCN per chip")
 
 # The first match wins: "v5 lite" before "v5", "h100 pcie" before "h100", 32 GB before 16 GB V100s.
 DEVICE_SPECS: tuple[DeviceSpec, ...] = (
@@ -88,26 +94,10 @@ DEVICE_SPECS: tuple[DeviceSpec, ...] = (
                hbm_bytes_per_sec_per_chip=1200 * GB, link_bytes_per_sec_per_chip=275 * GB,
                network_bytes_per_sec_per_chip=3.125 * GB,
                bandwidth_source=_TPU_DOCS + ": 1.1 PB/s all-reduce over 4,096 chips; DCN assumed as v5e's"),
-    DeviceSpec("tpu v5 lite", 197.0, 16 * GIB, "Cloud TPU docs: v5e chip 197 TFLOP/s bf16, 16 GiB",
-               generation="TPU v5e",
-               hbm_bytes_per_sec_per_chip=819 * GB, link_bytes_per_sec_per_chip=200 * GB,
-               network_bytes_per_sec_per_chip=3.125 * GB,
-               bandwidth_source=_TPU_DOCS + ": 51.2 TB/s all-reduce / 256 chips, 2 x 100 Gbps per 8 chips"),
-    DeviceSpec("tpu v5e", 197.0, 16 * GIB, "Cloud TPU docs: v5e chip 197 TFLOP/s bf16, 16 GiB",
-               generation="TPU v5e",
-               hbm_bytes_per_sec_per_chip=819 * GB, link_bytes_per_sec_per_chip=200 * GB,
-               network_bytes_per_sec_per_chip=3.125 * GB,
-               bandwidth_source=_TPU_DOCS + ": 51.2 TB/s all-reduce / 256 chips, 2 x 100 Gbps per 8 chips"),
-    DeviceSpec("tpu v5p", 459.0, 95 * GIB, "Cloud TPU docs: v5p chip 459 TFLOP/s bf16, 95 GiB",
-               generation="TPU v5p",
-               hbm_bytes_per_sec_per_chip=2765 * GB, link_bytes_per_sec_per_chip=600 * GB,
-               network_bytes_per_sec_per_chip=6.25 * GB,
-               bandwidth_source=_TPU_DOCS + ": 1200 GBps bidirectional ICI, 50 Gbps DCN per chip"),
-    DeviceSpec("tpu v5", 459.0, 95 * GIB, "Cloud TPU docs: v5p chip (jax names it 'TPU v5'), 95 GiB",
-               generation="TPU v5p",
-               hbm_bytes_per_sec_per_chip=2765 * GB, link_bytes_per_sec_per_chip=600 * GB,
-               network_bytes_per_sec_per_chip=6.25 * GB,
-               bandwidth_source=_TPU_DOCS + ": 1200 GBps bidirectional ICI, 50 Gbps DCN per chip"),
+    DeviceSpec("tpu v5 lite", 197.0, 16 * GIB, "Cloud TPU docs: v5e chip 197 TFLOP/s bf16, 16 GiB", **_V5E),
+    DeviceSpec("tpu v5e", 197.0, 16 * GIB, "Cloud TPU docs: v5e chip 197 TFLOP/s bf16, 16 GiB", **_V5E),
+    DeviceSpec("tpu v5p", 459.0, 95 * GIB, "Cloud TPU docs: v5p chip 459 TFLOP/s bf16, 95 GiB", **_V5P),
+    DeviceSpec("tpu v5", 459.0, 95 * GIB, "Cloud TPU docs: v5p chip (jax names it 'TPU v5'), 95 GiB", **_V5P),
     DeviceSpec("tpu v6 lite", 918.0, 32 * GIB, "Cloud TPU docs: v6e chip 918 TFLOP/s bf16, 32 GiB",
                generation="TPU v6e",
                hbm_bytes_per_sec_per_chip=1638 * GB, link_bytes_per_sec_per_chip=400 * GB,
