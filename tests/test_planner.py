@@ -145,7 +145,7 @@ def test_a_price_is_found_by_device_kind_the_longest_name_first():
     assert planning.price_for("TPU v5 lite", prices).usd_per_chip_hour == 1.2
     assert planning.price_for("TPU v5", prices).usd_per_chip_hour == 4.2
     assert planning.price_for("NVIDIA H200", prices) is None
-    assert planning.price_for("Tesla V100-SXM2-16GB", planning.ASSUMED_PRICES).basis == "assumed"
+    assert planning.price_for("Tesla V100-SXM2-16GB", planning.load_prices()).basis == "shipped"
 
 
 @pytest.mark.parametrize("price, rate", [("pod=abc:x", "abc:x"), ("pod=1.2", "1.2"), ("=1.2:x", "0:x"),

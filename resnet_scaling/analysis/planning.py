@@ -55,11 +55,6 @@ class PublishedRun:
     minutes: float
     source: str
 
-    @property
-    def step_sec(self) -> float:
-        """Seconds per step the published time implies over its epochs (derived)."""
-        return self.minutes * 60 / (self.epochs * IMAGENET_TRAIN_EXAMPLES / self.global_batch)
-
 
 CASE_STUDY_POD = PublishedRun(
     system="Cloud TPU v2 Pod (v2-512)", device_kind="TPU v2", num_chips=256, global_batch=32_768,
@@ -102,15 +97,6 @@ class Price:
 
     def host_for(self, chips_per_node: int) -> HostPrice | None:
         return self.host_vm.get(chips_per_node)
-
-
-# The case study's prices, as docs/case_study.md gives them: no price page confirms them ("assumed").
-ASSUMED_PRICES: Mapping[str, Price] = {
-    "TPU v2": Price(1.50, "the full v2 Pod at $384/h over 256 chips (docs/case_study.md)", "2018-12",
-                    "assumed"),
-    "V100": Price(2.48, "a V100 on GCP, 2018 list (docs/case_study.md); the VM not included", "2018-12",
-                  "assumed"),
-}
 
 
 def load_prices(path: str | pathlib.Path = PRICES_PATH, basis: str = "shipped") -> dict[str, Price]:
