@@ -2,8 +2,8 @@
 
 Recipe: Nesterov momentum 0.9 with Goyal et al.'s linear scaling (LR 0.1 x 4096 / 256 = 1.6, 5-epoch warm-up,
 x0.1 at epochs 30, 60, 80, weight decay 1e-4), as the case study's v2-32 (same batch); bfloat16 compute,
-batch norm over the global batch. 91 epochs: 28,464 steps. On the hardware JAX sees one device per chip
-(megacore); libtpu's ahead-of-time topology describes each TensorCore, so the mesh size is left to the run.
+batch norm over the global batch. 91 epochs: 28,464 steps. JAX runs each chip as one device (megacore: 256
+images a device), and so does the ahead-of-time compile (libtpu's megacore chip config).
 """
 
 from resnet_scaling import recipes
@@ -12,7 +12,7 @@ from resnet_scaling.config import get_base_config
 
 def get_config():
     config = get_base_config()
-    recipes.set_system(config, name="Cloud TPU v4-32 (16 chips)", device_kind="TPU v4", num_devices=-1,
+    recipes.set_system(config, name="Cloud TPU v4-32 (16 chips)", device_kind="TPU v4", num_devices=16,
                        topology="v4:2x2x4")
     config.model.compute_dtype = "bfloat16"
     config.training.global_batch_size = 4096

@@ -140,6 +140,13 @@ def test_topology_has_the_devices_of_4_v2_chips(devices):
     assert hardware.chip_count(devices) == 4 and hardware.devices_per_chip("TPU v2") == 2
 
 
+def test_v4_topology_has_one_device_per_chip_as_jax_runs_it():
+    # Oracle: the Cloud TPU docs' v4 pages (a v4-8 has 4 chips and JAX shows 4 devices: megacore);
+    # libtpu's default ahead-of-time description would give 8, one per TensorCore.
+    v4 = aot.topology_devices("v4:2x2x1")
+    assert len(v4) == 4 == hardware.chip_count(v4)
+
+
 def test_per_device_batch_norm_step_communicates_only_gradients_and_bn_statistics(per_device_bn_reports):
     """With per-device BN groups the step's only communication is one all-reduce of every gradient, the
     running BN statistics and the scalar metrics: nothing else crosses devices."""

@@ -98,6 +98,12 @@ def _libtpu_installed() -> bool:
     return True
 
 
+# Generations whose chips JAX runs as one device (megacore: both TensorCores on one program) where libtpu's
+# ahead-of-time topology describes each TensorCore unless asked for the megacore chip config. v5p already
+# describes one device per chip; v2 and v3 run each core as a device on the hardware too.
+MEGACORE_GENERATIONS = ("v4:",)
+
+
 def topology_devices(topology: str, chips_per_host_bounds: Sequence[int] = (2, 2, 1),
                      num_slices: int = 1) -> list[jax.Device]:
     """The devices of a TPU topology such as "v2:16x16" (the full v2 Pod: 512 devices), from libtpu.
@@ -112,10 +118,11 @@ def topology_devices(topology: str, chips_per_host_bounds: Sequence[int] = (2, 2
             "'resnet_scaling[tpu]' (from a checkout: pip install -e '.[tpu]'); no TPU is needed.")
     from jax.experimental import topologies
 
+    options = {"chip_config_name": "megacore"} if topology.startswith(MEGACORE_GENERATIONS) else {}
     try:
         description = topologies.get_topology_desc(
             platform="tpu", topology_name=topology, chips_per_host_bounds=tuple(chips_per_host_bounds),
-            num_slices=num_slices)
+            num_slices=num_slices, **options)
     except Exception as e:  # noqa: BLE001 - jax raises several types (JaxRuntimeError, RuntimeError).
         cause = str(e).splitlines()[0].rstrip(".") if str(e) else type(e).__name__
         lock = ("" if os.environ.get("ALLOW_MULTIPLE_LIBTPU_LOAD") else
