@@ -77,3 +77,15 @@ def test_the_published_results_are_mlperfs_own_scores():
             assert e["device_kind"] in planner_checks.GPU_GENERATIONS
 
 
+
+
+def test_a_published_tpu_system_compiles_with_its_bn_span_unless_a_device_holds_more_images():
+    # A v4 chip is one JAX device: 2,048 images over 8 chips is 256 a device, more than the 128-image span
+    # (per TensorCore in the submission), so the compile normalises per device; a v3 chip is 2 devices.
+    v4 = {"device_kind": "TPU v4", "num_chips": 8, "global_batch": 2048, "bn_span": 128,
+          "topology": "v4:2x2x2"}
+    v3 = {"device_kind": "TPU v3", "num_chips": 16, "global_batch": 4096, "bn_span": 128,
+          "topology": "v3:4x4"}
+    assert planner_checks.bn_group_size(v4) == 0 and planner_checks.bn_group_size(v3) == 128
+    assert "--config.model.bn_group_size=0" in planner_checks.compile_args(v4)
+    assert planner_checks.report_name(v3) == "v3-4x4_b4096_bn128"
