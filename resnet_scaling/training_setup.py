@@ -1,9 +1,10 @@
 """`setup(config)`: the one path from a config to a jitted training step, for every command.
 
-config -> mesh -> batch plan -> data source -> training plan -> model -> optimizer -> state -> steps. The
-trainer, ahead-of-time compilation (`aot.build_report`) and the train-step benchmark all build here, so a
-pod runs what was compiled for it ahead of time. As MaxText's `setup_train_loop`/`get_shaped_batch`,
-`abstract=True` allocates and reads nothing: state and batch are ShapeDtypeStructs with the real shardings.
+config -> mesh -> batch plan -> data source -> training plan -> model -> optimizer -> state -> steps; the
+config is read here, into its typed sections (`sections.read`), and each part takes its own. The trainer,
+ahead-of-time compilation (`aot.build_report`) and the train-step benchmark all build here, so a pod runs
+what was compiled for it ahead of time. As MaxText's `setup_train_loop`/`get_shaped_batch`, `abstract=True`
+allocates and reads nothing: state and batch are ShapeDtypeStructs with the real shardings.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class TrainingSetup:
 
     def compile_eval_step(self) -> tuple[Any, float]:
         """Lowers and compiles the eval step on a shaped eval batch; returns (the executable, seconds)."""
-        batch = data_lib.shaped_eval_batch(self.plan.batch, self.config.data.image_size, self.mesh)
+        batch = data_lib.shaped_eval_batch(self.plan.batch, self.sections.data.image_size, self.mesh)
         start = time.perf_counter()
         compiled = self.eval_step.lower(self.state, batch).compile()
         return compiled, time.perf_counter() - start
