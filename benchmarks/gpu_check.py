@@ -281,7 +281,7 @@ def stage_train_step_fp16_v100(args: argparse.Namespace, stage: StageFile) -> No
     if args.smoke:
         config.model.name, config.data.image_size = "resnet_tiny", 32
         config.training.global_batch_size = config.eval.global_batch_size = args.batch_size
-    initial_scale = float(optim.create_dynamic_scale(config).scale)
+    initial_scale = float(optim.create_dynamic_scale(config.model.compute_dtype).scale)
     stage.update(config_file=path, compute_dtype=config.model.compute_dtype, initial_loss_scale=initial_scale)
     figures = measure(args, train_step.EventCounter(), config.training.global_batch_size, config)
     last = figures["last_step_metrics"]

@@ -24,7 +24,6 @@ import numpy as np
 
 from resnet_scaling import mesh as mesh_lib
 from resnet_scaling import models, optim, steps
-from resnet_scaling.config import get_base_config
 
 # name: (model, classes, width, image size)
 MODELS = {
@@ -38,7 +37,7 @@ OPTIONS = {"xla_default": None, "run_once": steps.RUN_ONCE_CPU_COMPILER_OPTIONS}
 def time_model(name: str, repeats: int) -> dict:
     arch, classes, width, size = MODELS[name]
     model = models.create_model(arch, num_classes=classes, num_filters=width)
-    tx = optim.create_optimizer(get_base_config(), lambda step: 0.1)
+    tx = optim.create_optimizer(optim.OptimizerConfig(), lambda step: 0.1)
     mesh = mesh_lib.create_mesh(1)
     init = jax.jit(steps.train_state_init_fn(model, tx, size),
                    out_shardings=mesh_lib.replicated_sharding(mesh))

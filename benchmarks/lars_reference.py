@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from resnet_scaling import optim, recipes
+from resnet_scaling import optim, recipes, sections
 from resnet_scaling.config import IMAGENET_NUM_TRAIN_EXAMPLES, get_base_config
 from resnet_scaling.plan import derive
 
@@ -57,8 +57,8 @@ def learning_rates() -> list[dict[str, float]]:
     plan = derive(now_config, IMAGENET_NUM_TRAIN_EXAMPLES, num_devices=512)
     later_plan = derive(later_config, IMAGENET_NUM_TRAIN_EXAMPLES, num_devices=512)
     before = _previous_schedule(plan.total_steps)
-    later = optim.create_learning_rate_schedule(later_config, later_plan)
-    now = optim.create_learning_rate_schedule(now_config, plan)
+    later = optim.create_learning_rate_schedule(sections.read(later_config).schedule, later_plan)
+    now = optim.create_learning_rate_schedule(sections.read(now_config).schedule, plan)
     rows = []
     for step in STEPS_SHOWN:
         b, c, n = float(before(step)), float(later(step)), float(now(step))

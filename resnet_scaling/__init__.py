@@ -7,19 +7,35 @@ The public API, for research code that skips the command line:
     result = train_and_evaluate(config, workdir="/tmp/run")
 
 or builds the pieces and writes its own loop: `setup(config)` returns the mesh, the training plan, the
-data source, the model, the optimizer, the state and the jitted steps (`TrainingSetup`).
+data source, the model, the optimizer, the state and the jitted steps (`TrainingSetup`). The pieces take
+typed sections of the config (`ModelConfig`, `OptimizerConfig`, ...), which `sections.read(config)` gives.
 """
 
 from resnet_scaling.checkpointing import load_exported
 from resnet_scaling.config import ConfigError, get_base_config, validate
-from resnet_scaling.data import ArraySource, DataSource, SyntheticSource, create_data_source, make_shapes
+from resnet_scaling.data import (
+    ArraySource,
+    DataConfig,
+    DataSource,
+    SyntheticSource,
+    create_data_source,
+    make_shapes,
+)
 from resnet_scaling.evaluation import evaluate_workdir
 from resnet_scaling.host import xla_flags as _xla_flags
 from resnet_scaling.mesh import batch_sharding, create_mesh, host_local_to_global, replicated_sharding
-from resnet_scaling.models import ResNet, create_model, model_from_config
-from resnet_scaling.optim import create_dynamic_scale, create_learning_rate_schedule, create_optimizer, lars
+from resnet_scaling.models import ModelConfig, ResNet, create_model, model_from_config
+from resnet_scaling.optim import (
+    OptimizerConfig,
+    ScheduleConfig,
+    create_dynamic_scale,
+    create_learning_rate_schedule,
+    create_optimizer,
+    lars,
+)
 from resnet_scaling.plan import BatchPlan, TrainingPlan, batch_plan, derive
 from resnet_scaling.predict import Predictor, load_predictor
+from resnet_scaling.sections import Sections
 from resnet_scaling.steps import (
     StepConfig,
     TrainState,
@@ -37,9 +53,14 @@ __all__ = [
     "ArraySource",
     "BatchPlan",
     "ConfigError",
+    "DataConfig",
     "Predictor",
     "DataSource",
+    "ModelConfig",
+    "OptimizerConfig",
     "ResNet",
+    "ScheduleConfig",
+    "Sections",
     "StepConfig",
     "SyntheticSource",
     "TrainResult",

@@ -24,6 +24,7 @@ from resnet_scaling import config as config_lib
 from resnet_scaling import data as data_lib
 from resnet_scaling import mesh as mesh_lib
 from resnet_scaling import plan as plan_lib
+from resnet_scaling import sections as sections_lib
 from resnet_scaling import workdir as workdir_lib
 
 logger = logging.getLogger(__name__)
@@ -69,11 +70,12 @@ def evaluate_workdir(
     config = evaluation_config(config, mesh.size, split=split, overrides=overrides,
                                has_arrays=arrays is not None)
     batch = plan_lib.batch_plan_for_mesh(config, mesh)
-    source = data_lib.create_data_source(config, mesh, _source_arrays(arrays), batch=batch)
+    parts = sections_lib.read(config)
+    source = data_lib.create_data_source(parts.data, mesh, _source_arrays(arrays), batch=batch)
     if source.num_eval_examples == 0:
         raise data_lib.DataError(f"The evaluation split ({split_name(config)}) holds no images.")
-    state = replicated_state(models.model_from_config(config), variables, mesh)
-    eval_step = steps.jit_eval_step(state, mesh, steps.StepConfig.from_config(config))
+    state = replicated_state(models.model_from_config(parts.model), variables, mesh)
+    eval_step = steps.jit_eval_step(state, mesh, parts.step)
     result = {"weights": weights, "split": split_name(config), "step": step,
               **trainer.timed_evaluate(eval_step, state, source), "num_devices": mesh.size}
     if write and jax.process_index() == 0:

@@ -13,7 +13,6 @@ import logging
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 from etils import epath
 from flax import traverse_util
@@ -92,13 +91,13 @@ def _some(what: str, items: list[str], shown: int = 2) -> str:
     return f"{len(items)} array{'s' * (len(items) > 1)} {what}: {'; '.join(items[:shown])}{more}."
 
 
-def initialise_from_config(state: steps.TrainState, config: ml_collections.ConfigDict,
+def initialise_from_config(state: steps.TrainState, model_config: models.ModelConfig,
                            model: models.ResNet) -> steps.TrainState:
-    """`state` initialised from `config.model.init_from` (unchanged when it is empty)."""
-    path = config.model.init_from
+    """`state` initialised from `model_config.init_from` (unchanged when it is empty)."""
+    path = model_config.init_from
     if not path:
         return state
-    skip = bool(config.model.init_skip_classifier)
+    skip = bool(model_config.init_skip_classifier)
     state = initialise_state(state, load_variables(path, model, skip), path, skip)
     loaded = [x for name, tree in (("params", state.params), ("batch_stats", state.batch_stats))
               for key, x in traverse_util.flatten_dict(tree, sep="/").items()

@@ -6,6 +6,7 @@ Convolutions pad symmetrically (TF's `fixed_padding`, PyTorch): torchvision weig
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -13,7 +14,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from resnet_scaling.batchnorm import GroupedBatchNorm
 from resnet_scaling.config_fields import LOWERINGS
@@ -208,25 +208,40 @@ def create_model(
                   num_filters=num_filters, dtype=dtype, **kwargs)
 
 
-def model_from_config(config: ml_collections.ConfigDict, plan: TrainingPlan | BatchPlan | None = None,
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The network `config.model` describes, and the weights it starts from (`sections.read`)."""
+
+    name: str = "resnet50"  # One of config_fields.MODEL_NAMES.
+    num_classes: int = 1000
+    num_filters: int = 64
+    compute_dtype: str = "float32"  # One of config_fields.COMPUTE_DTYPES.
+    bn_momentum: float = 0.9
+    bn_epsilon: float = 1e-5
+    zero_init_last_bn_scale: bool = True
+    lowering: str = "auto"  # One of LOWERINGS.
+    init_from: str = ""  # Initial weights (init_from.py); "": none.
+    init_skip_classifier: bool = False
+
+
+def model_from_config(model: ModelConfig, plan: TrainingPlan | BatchPlan | None = None,
                       platform: str | None = None) -> ResNet:
-    """Builds the model a config's `model` section describes.
+    """Builds the model a `ModelConfig` describes (`sections.read(config).model`).
 
     Args:
       plan: holds training's resolved BN groups (`config.model.bn_group_size`); without one, BN spans the
         whole batch given, all inference needs (it uses the running averages).
       platform: "cpu", "tpu" or "gpu", for `lowering="auto"` (default: JAX's default backend).
     """
-    m = config.model
     return create_model(
-        m.name,
-        m.num_classes,
-        num_filters=m.num_filters,
-        dtype=m.compute_dtype,
-        bn_momentum=m.bn_momentum,
-        bn_epsilon=m.bn_epsilon,
-        zero_init_last_bn_scale=m.zero_init_last_bn_scale,
+        model.name,
+        model.num_classes,
+        num_filters=model.num_filters,
+        dtype=model.compute_dtype,
+        bn_momentum=model.bn_momentum,
+        bn_epsilon=model.bn_epsilon,
+        zero_init_last_bn_scale=model.zero_init_last_bn_scale,
         bn_group_size=None if plan is None else plan.bn_group_size,
-        lowering=m.get("lowering", "auto"),
+        lowering=model.lowering,
         platform=platform,
     )

@@ -19,11 +19,11 @@ from 0 to the (fractional) warm-up length; decay counts from whole step `warmup_
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from flax import traverse_util
 from flax.training import dynamic_scale as dynamic_scale_lib
@@ -45,9 +45,34 @@ def non_batchnorm_mask(params: Any) -> Any:
     return traverse_util.unflatten_dict({path: path[:-1] not in batchnorm_layers for path in flat})
 
 
-def weight_decay_mask(config: ml_collections.ConfigDict) -> Any:
-    """The mask function `config.optimizer.weight_decay_on` names."""
-    return {"kernels": kernel_mask, "non_batchnorm": non_batchnorm_mask}[config.optimizer.weight_decay_on]
+def weight_decay_mask(weight_decay_on: str) -> Any:
+    """The mask function `weight_decay_on` names: "kernels" or "non_batchnorm"."""
+    return {"kernels": kernel_mask, "non_batchnorm": non_batchnorm_mask}[weight_decay_on]
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """The optimizer `config.optimizer` describes (`sections.read`); the peak learning rate is the plan's."""
+
+    name: str = "sgd"  # One of config_fields.OPTIMIZERS.
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 1e-4
+    weight_decay_on: str = "kernels"  # One of config_fields.WEIGHT_DECAY_LEAVES.
+    lars_trust_coefficient: float = 0.001
+    lars_epsilon: float = 0.0
+    lars_variant: str = "reference"  # One of LARS_VARIANTS.
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleConfig:
+    """The learning-rate decay `config.schedule` describes (`sections.read`); warm-up and peak: the plan's."""
+
+    name: str = "cosine"  # One of config_fields.SCHEDULES.
+    end_learning_rate: float = 0.0
+    polynomial_power: float = 2.0
+    boundary_epochs: tuple[float, ...] = (30.0, 60.0, 80.0)
+    decay_factor: float = 0.1
 
 
 class LarsState(NamedTuple):
@@ -138,10 +163,8 @@ def polynomial_decay_steps(plan: TrainingPlan) -> int:
     return plan.total_steps - plan.warmup_steps + 1
 
 
-def create_learning_rate_schedule(
-    config: ml_collections.ConfigDict, plan: TrainingPlan
-) -> optax.Schedule:
-    """Linear warm-up from 0 to `plan.peak_learning_rate`, then the decay `config.schedule.name` names.
+def create_learning_rate_schedule(schedule: ScheduleConfig, plan: TrainingPlan) -> optax.Schedule:
+    """Linear warm-up from 0 to `plan.peak_learning_rate`, then the decay `schedule.name` names.
 
     Warm-up while `step < plan.warmup_exact_steps`; decay from the whole step `plan.warmup_steps`.
     - "cosine": to `end_learning_rate` over `total_steps - warmup_steps`.
@@ -150,7 +173,7 @@ def create_learning_rate_schedule(
       boundary); a boundary inside warm-up applies once it ends; boundaries on one epoch compound.
     - "constant": the peak.
     """
-    s = config.schedule
+    s = schedule
     peak = plan.peak_learning_rate
     warmup_length = float(plan.warmup_exact_steps)
     origin = plan.warmup_steps
@@ -187,23 +210,23 @@ def create_learning_rate_schedule(
 
 
 def create_optimizer(
-    config: ml_collections.ConfigDict, learning_rate: optax.Schedule
+    optimizer: OptimizerConfig, learning_rate: optax.ScalarOrSchedule
 ) -> optax.GradientTransformation:
-    """SGD with (Nesterov) momentum and L2 weight decay, or LARS, per `config.optimizer`.
+    """SGD with (Nesterov) momentum and L2 weight decay, or LARS, per `optimizer` (`config.optimizer`).
 
     Decay applies to `weight_decay_on`: "kernels" (LARS's trust-ratio leaves, which its references decay) or
     "non_batchnorm" (kernels and biases: tensorflow/tpu's L2 loss, Goyal et al.'s decay of all but BN).
     """
-    o = config.optimizer
+    o = optimizer
     if o.name == "sgd":
         return optax.chain(
-            optax.add_decayed_weights(o.weight_decay, mask=weight_decay_mask(config)),
+            optax.add_decayed_weights(o.weight_decay, mask=weight_decay_mask(o.weight_decay_on)),
             optax.sgd(learning_rate, momentum=o.momentum, nesterov=o.nesterov),
         )
     if o.name == "lars":
         return lars(learning_rate, weight_decay=o.weight_decay, trust_coefficient=o.lars_trust_coefficient,
                     momentum=o.momentum, epsilon=o.lars_epsilon, nesterov=o.nesterov, variant=o.lars_variant,
-                    weight_decay_mask=weight_decay_mask(config))
+                    weight_decay_mask=weight_decay_mask(o.weight_decay_on))
     if o.name == "optax_lars":  # optax's variant: trust ratio eta * |w| / |g + wd * w|.
         return optax.lars(
             learning_rate,
@@ -218,8 +241,12 @@ def create_optimizer(
     raise ValueError(f"config.optimizer.name: unknown optimizer {o.name!r}.")
 
 
-def create_dynamic_scale(config: ml_collections.ConfigDict) -> dynamic_scale_lib.DynamicScale | None:
-    """Dynamic loss scaling for float16 compute (its range needs it); None for float32 and bfloat16."""
-    if config.model.compute_dtype == "float16":
+def create_dynamic_scale(compute_dtype: str) -> dynamic_scale_lib.DynamicScale | None:
+    """Dynamic loss scaling for float16 compute (its range needs it); None for float32 and bfloat16.
+
+    Args:
+      compute_dtype: `config.model.compute_dtype` ("float32", "bfloat16" or "float16").
+    """
+    if compute_dtype == "float16":
         return dynamic_scale_lib.DynamicScale()
     return None

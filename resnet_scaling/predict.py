@@ -29,6 +29,7 @@ import numpy as np
 
 from resnet_scaling import checkpointing, models, steps
 from resnet_scaling import config as config_lib
+from resnet_scaling import sections as sections_lib
 
 __all__ = ["WEIGHTS", "Predictor", "load_predictor"]
 
@@ -68,19 +69,20 @@ class Predictor:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}.")
         self.config = config = config_lib.config_from_saved(config.to_dict())
-        self.model = models.model_from_config(config)
-        self.image_size = int(config.data.image_size)
-        self.num_classes = int(config.model.num_classes)
+        parts = sections_lib.read(config)
+        self._data = parts.data
+        self.model = models.model_from_config(parts.model)
+        self.image_size = int(parts.data.image_size)
+        self.num_classes = int(parts.model.num_classes)
         if class_names is None:
-            class_names = config.data.get("class_names")
+            class_names = parts.data.class_names
         self.class_names = None if class_names is None else [str(name) for name in class_names]
         if self.class_names is not None and len(self.class_names) != self.num_classes:
             raise ValueError(f"{len(self.class_names)} class names for a model of {self.num_classes} "
                              "classes (config.model.num_classes): give one name per class.")
-        self.mean_rgb = tuple(float(v) for v in config.data.mean_rgb)
-        self.stddev_rgb = tuple(float(v) for v in config.data.stddev_rgb)
+        self.mean_rgb, self.stddev_rgb = parts.step.mean_rgb, parts.step.stddev_rgb
         self.batch_size = int(batch_size)
-        self.preprocessing = "none" if config.data.source in AS_GIVEN_SOURCES else "eval_crop"
+        self.preprocessing = "none" if parts.data.source in AS_GIVEN_SOURCES else "eval_crop"
         self._device = device if device is not None else jax.devices()[0]
         self.variables = jax.device_put({"params": variables["params"],
                                          "batch_stats": variables["batch_stats"]}, self._device)
@@ -133,7 +135,7 @@ class Predictor:
         tf_import.import_tensorflow_for_host()  # GPUs hidden from it, its import notices off the console.
         from resnet_scaling.data import pipeline, preprocessing  # TensorFlow: only runs on image files.
 
-        config = pipeline.preprocess_config(self.config.data)
+        config = pipeline.preprocess_config(self._data)
         tf = preprocessing.tf
         prepared = [preprocessing.resize(_center_crop(tf.convert_to_tensor(image), config), config).numpy()
                     for image in images]
@@ -142,7 +144,7 @@ class Predictor:
     def _as_given_message(self, shape: tuple[int, ...]) -> str:
         return (f"Expected uint8 images [N, {self.image_size}, {self.image_size}, 3] (NHWC, RGB; "
                 f"config.data.image_size is {self.image_size}), got shape {shape}: this run trained on "
-                f"data.source={self.config.data.source!r}, which takes images as given (no resize or crop), "
+                f"data.source={self._data.source!r}, which takes images as given (no resize or crop), "
                 "so pass them shaped as its arrays were.")
 
     def predict_classes(self, images: np.ndarray | jax.Array) -> np.ndarray:
@@ -156,7 +158,7 @@ class Predictor:
     def names_of(self, classes: np.ndarray) -> np.ndarray:
         """The names of class indices of any shape (`predict_classes`', `top_k`'s), as a str array."""
         if self.class_names is None:
-            source = self.config.data.source
+            source = self._data.source
             raise ValueError(f"This run's data named no classes (data.source={source!r}"
                              f"{'; set config.data.class_names' if source == 'arrays' else ''}, or weights "
                              "exported before class names were saved): use predict_classes.")

@@ -14,7 +14,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from flax.training import dynamic_scale as dynamic_scale_lib
 from flax.training import train_state
@@ -35,21 +34,13 @@ class TrainState(train_state.TrainState):
 
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
-    """The constants a step needs, bound once outside traced code (never read from flags inside it)."""
+    """The constants a step needs, bound once outside traced code (never read from flags inside it);
+    `sections.read(config).step` reads them from a config."""
 
     mean_rgb: tuple[float, float, float]
     stddev_rgb: tuple[float, float, float]
     num_classes: int
     label_smoothing: float = 0.0
-
-    @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> StepConfig:
-        return cls(
-            mean_rgb=tuple(float(v) for v in config.data.mean_rgb),
-            stddev_rgb=tuple(float(v) for v in config.data.stddev_rgb),
-            num_classes=int(config.model.num_classes),
-            label_smoothing=float(config.training.label_smoothing),
-        )
 
 
 def normalize_images(images: jax.Array, mean_rgb: Sequence[float], stddev_rgb: Sequence[float]) -> jax.Array:

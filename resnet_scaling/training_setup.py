@@ -1,9 +1,10 @@
 """`setup(config)`: the one path from a config to a jitted training step, for every command.
 
-config -> mesh -> batch plan -> data source -> training plan -> model -> optimizer -> state -> steps. The
-trainer, ahead-of-time compilation (`aot.build_report`) and the train-step benchmark all build here, so a
-pod runs what was compiled for it ahead of time. As MaxText's `setup_train_loop`/`get_shaped_batch`,
-`abstract=True` allocates and reads nothing: state and batch are ShapeDtypeStructs with the real shardings.
+config -> mesh -> batch plan -> data source -> training plan -> model -> optimizer -> state -> steps; the
+config is read here, into its typed sections (`sections.read`), and each part takes its own. The trainer,
+ahead-of-time compilation (`aot.build_report`) and the train-step benchmark all build here, so a pod runs
+what was compiled for it ahead of time. As MaxText's `setup_train_loop`/`get_shaped_batch`, `abstract=True`
+allocates and reads nothing: state and batch are ShapeDtypeStructs with the real shardings.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from resnet_scaling import data as data_lib
 from resnet_scaling import init_from, models, optim, steps
 from resnet_scaling import mesh as mesh_lib
 from resnet_scaling import plan as plan_lib
+from resnet_scaling import sections as sections_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +33,7 @@ class TrainingSetup:
 
     Attributes:
       config: the validated config.
+      sections: its typed sections, what the model, optimizer, schedule, input and steps were built from.
       mesh: the device mesh (`data` axis).
       plan: every derived size and duration.
       source: None for an abstract setup (no data is read).
@@ -43,6 +46,7 @@ class TrainingSetup:
     """
 
     config: ml_collections.ConfigDict
+    sections: sections_lib.Sections
     mesh: jax.sharding.Mesh
     plan: plan_lib.TrainingPlan
     source: data_lib.DataSource | None
@@ -75,7 +79,7 @@ class TrainingSetup:
 
     def compile_eval_step(self) -> tuple[Any, float]:
         """Lowers and compiles the eval step on a shaped eval batch; returns (the executable, seconds)."""
-        batch = data_lib.shaped_eval_batch(self.plan.batch, self.config.data.image_size, self.mesh)
+        batch = data_lib.shaped_eval_batch(self.plan.batch, self.sections.data.image_size, self.mesh)
         start = time.perf_counter()
         compiled = self.eval_step.lower(self.state, batch).compile()
         return compiled, time.perf_counter() - start
@@ -103,27 +107,28 @@ def setup(config: ml_collections.ConfigDict, *, devices: Sequence[jax.Device] | 
     if config.mesh.num_devices > len(devices):  # A config for a larger system: say how to go on here.
         raise config_lib.too_few_devices_error(config, len(devices), devices[0].platform)
     config_lib.validate(config, mesh_lib.mesh_size(config.mesh.num_devices, len(devices)))
+    parts = sections_lib.read(config)
     mesh = mesh_lib.create_mesh(config.mesh.num_devices, devices, num_slices=config.system.num_slices)
     batch = plan_lib.batch_plan_for_mesh(config, mesh)
     if abstract:
         source = None
         num_train_examples, num_eval_examples = config.data.num_train_examples, config.data.num_eval_examples
     else:
-        source = data_lib.create_data_source(config, mesh, arrays, batch=batch)
+        source = data_lib.create_data_source(parts.data, mesh, arrays, batch=batch)
         num_train_examples, num_eval_examples = source.num_train_examples, source.num_eval_examples
     plan = plan_lib.derive(config, num_train_examples, batch=batch, num_eval_examples=num_eval_examples)
 
-    model = models.model_from_config(config, plan, platform=devices[0].platform)
-    learning_rate_fn = optim.create_learning_rate_schedule(config, plan)
-    optimizer = optim.create_optimizer(config, learning_rate_fn)
+    model = models.model_from_config(parts.model, plan, platform=devices[0].platform)
+    learning_rate_fn = optim.create_learning_rate_schedule(parts.schedule, plan)
+    optimizer = optim.create_optimizer(parts.optimizer, learning_rate_fn)
     make_state = steps.abstract_train_state if abstract else steps.create_train_state
     state = make_state(jax.random.key(config.seed), model, optimizer, config.data.image_size, mesh,
-                       optim.create_dynamic_scale(config))
+                       optim.create_dynamic_scale(parts.model.compute_dtype))
     if not abstract:
-        state = init_from.initialise_from_config(state, config, model)
-    step_config = steps.StepConfig.from_config(config)
+        state = init_from.initialise_from_config(state, parts.model, model)
+    step_config = parts.step
     return TrainingSetup(
-        config=config, mesh=mesh, plan=plan, source=source,
+        config=config, sections=parts, mesh=mesh, plan=plan, source=source,
         shaped_batch=data_lib.shaped_train_batch(batch, config.data.image_size, mesh), model=model,
         learning_rate_fn=learning_rate_fn, optimizer=optimizer, state=state, step_config=step_config,
         train_step=steps.jit_train_step(state, mesh, learning_rate_fn, step_config, step_fn=train_step_fn),

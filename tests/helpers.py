@@ -38,6 +38,22 @@ def tiny_config(**overrides):
     return config
 
 
+def data_source(config, mesh, arrays=None):
+    """`data.create_data_source` for a whole config: its data section and batch plan on `mesh`."""
+    # Imported here: worker processes import this module before they set up JAX.
+    from resnet_scaling import data, plan, sections
+
+    return data.create_data_source(sections.read(config).data, mesh, arrays,
+                                   batch=plan.batch_plan_for_mesh(config, mesh))
+
+
+def model_of(config, plan=None):
+    """`models.model_from_config` for a whole config (its model section)."""
+    from resnet_scaling import models, sections
+
+    return models.model_from_config(sections.read(config).model, plan)
+
+
 def random_arrays(num_train=64, num_eval=20, image_size=32, num_classes=10, seed=0):
     rng = np.random.default_rng(seed)
 

@@ -18,7 +18,7 @@ from resnet_scaling import plan as plan_lib
 from resnet_scaling.analysis import hlo
 from resnet_scaling.batchnorm import GroupedBatchNorm
 from resnet_scaling.trainer import train_and_evaluate
-from tests.helpers import random_arrays, tiny_config
+from tests.helpers import model_of, random_arrays, tiny_config
 
 BATCH, CHANNELS = 16, 3
 MOMENTUM, EPSILON = 0.9, 1e-5
@@ -177,7 +177,7 @@ def test_resolve_bn_group_size(bn_group_size, num_devices, expected):
     if num_devices is not None:
         plan = plan_lib.batch_plan(config, num_devices)
         assert plan.bn_group_size == expected
-        assert models.model_from_config(config, plan).bn_group_size == expected
+        assert model_of(config, plan).bn_group_size == expected
 
 
 def test_per_device_groups_need_the_device_count():
@@ -190,8 +190,8 @@ def test_model_without_a_plan_is_the_inference_model_of_any_config():
     where training uses per-device groups; its outputs equal the training model's in evaluation mode."""
     config = _config(0)
     config.model.name, config.model.num_classes, config.model.num_filters = "resnet_tiny", 10, 8
-    inference = models.model_from_config(config)
-    training = models.model_from_config(config, plan_lib.batch_plan(config, 8))
+    inference = model_of(config)
+    training = model_of(config, plan_lib.batch_plan(config, 8))
     assert inference.bn_group_size is None and training.bn_group_size == 2
     images = jax.random.normal(jax.random.key(1), (16, 32, 32, 3))
     variables = training.init(jax.random.key(0), images, train=False)

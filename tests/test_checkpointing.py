@@ -15,9 +15,9 @@ import jax
 import numpy as np
 import pytest
 
-from resnet_scaling import checkpointing, mesh, models, trainer
+from resnet_scaling import checkpointing, mesh, trainer
 from resnet_scaling.checkpointing import divergence
-from tests.helpers import launch_xla_flags, random_arrays, tiny_config, users_compile
+from tests.helpers import launch_xla_flags, model_of, random_arrays, tiny_config, users_compile
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "train_worker.py"
@@ -74,7 +74,7 @@ def test_exported_parameters_load_with_one_call_and_rebuild_the_model(tmp_path):
     result = _train(tmp_path)
     variables, config = checkpointing.load_exported(str(tmp_path))
     _assert_bitwise_equal(variables["params"], _params(result))
-    model = models.model_from_config(config)
+    model = model_of(config)
     logits = model.apply(variables, np.zeros((2, 32, 32, 3), np.float32), train=False)
     assert logits.shape == (2, 10)
     # A checkpoint's parameters load the same way: the last is the final state's.

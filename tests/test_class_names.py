@@ -18,7 +18,7 @@ from resnet_scaling import checkpointing, data, mesh, trainer
 from resnet_scaling import config as config_lib
 from resnet_scaling import plan as plan_lib
 from resnet_scaling.predict import Predictor
-from tests.helpers import random_arrays, tiny_config
+from tests.helpers import data_source, random_arrays, tiny_config
 from tests.image_files import encode
 
 # Created in this order; numbered in sorted order (apple 0, mango 1, zebra 2), so the two orders differ.
@@ -139,12 +139,12 @@ def test_the_demo_shapes_are_named_by_their_folders_and_synthetic_data_is_not(tm
                          data__num_eval_examples=10, data__eval_resize_size=32, training__global_batch_size=8,
                          eval__global_batch_size=8)
     config.data.num_threads = 1
-    source = data.create_data_source(config, mesh.create_mesh(8))
+    source = data_source(config, mesh.create_mesh(8))
     assert source.class_names == DEMO_CLASS_NAMES
     (root,) = tmp_path.iterdir()
     assert sorted(os.listdir(root / "train")) == DEMO_CLASS_NAMES
     synthetic = tiny_config(data__source="synthetic", data__num_train_examples=16, data__num_eval_examples=16)
-    assert data.create_data_source(synthetic, mesh.create_mesh(8)).class_names is None
+    assert data_source(synthetic, mesh.create_mesh(8)).class_names is None
 
 
 class ClassNamesTestFruits(tfds.core.GeneratorBasedBuilder):
@@ -172,5 +172,5 @@ def test_a_tfds_source_takes_the_datasets_label_names(tmp_path):
                          data__data_dir=str(tmp_path), data__eval_split="test", model__num_classes=3,
                          data__eval_resize_size=32, training__global_batch_size=8, eval__global_batch_size=8)
     config.data.num_threads = 1
-    source = data.create_data_source(config, mesh.create_mesh(8))
+    source = data_source(config, mesh.create_mesh(8))
     assert source.class_names == ["zebra", "apple", "mango"]  # As declared: TFDS numbers them in this order.

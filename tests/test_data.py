@@ -10,7 +10,7 @@ import pytest
 from resnet_scaling import data, mesh
 from resnet_scaling import plan as plan_lib
 from resnet_scaling.data import image_folders, shapes
-from tests.helpers import random_arrays, tiny_config
+from tests.helpers import data_source, random_arrays, tiny_config
 from tests.image_files import write_folders
 
 
@@ -99,12 +99,12 @@ def test_array_source_refuses_bad_arrays_with_a_message():
 
 def test_arrays_source_without_arrays_says_how_to_pass_them():
     with pytest.raises(ValueError, match="arrays="):
-        data.create_data_source(tiny_config(), mesh.create_mesh(8))
+        data_source(tiny_config(), mesh.create_mesh(8))
 
 
 def test_synthetic_source_makes_sharded_batches_on_the_device_and_masks_eval():
     config = tiny_config(data__source="synthetic", data__num_eval_examples=20)
-    source = data.create_data_source(config, mesh.create_mesh(8))
+    source = data_source(config, mesh.create_mesh(8))
     stream = source.train_batches()
     first = next(stream)
     assert first["images"].dtype == np.uint8 and first["images"].shape == (16, 32, 32, 3)
@@ -129,11 +129,11 @@ def test_synthetic_batches_are_distinct_and_compiled_once():
     # A source of another size first compiles what every size shares (the eager key and split ops): run
     # alone, the test otherwise counted those too (5 compiles), and in the suite as many as the tests
     # before it on the same worker left uncompiled.
-    data.create_data_source(tiny_config(data__source="synthetic", data__image_size=20), devices)
+    data_source(tiny_config(data__source="synthetic", data__image_size=20), devices)
     jax.monitoring.register_event_duration_secs_listener(on_event)
     try:  # An image size no other test uses, so that its batch program is not cached yet.
         config = tiny_config(data__source="synthetic", data__image_size=24)
-        source = data.create_data_source(config, devices)
+        source = data_source(config, devices)
     finally:
         watching[0] = False
     assert len(compiles) == 1  # Not one program per batch.

@@ -17,11 +17,11 @@ import jax
 import numpy as np
 import pytest
 
-from resnet_scaling import checkpointing, models, trainer
+from resnet_scaling import checkpointing, trainer
 from resnet_scaling import config as config_lib
 from resnet_scaling.evaluation import evaluate_workdir
 from resnet_scaling.predict import Predictor, load_predictor
-from tests.helpers import launch_xla_flags, tiny_config
+from tests.helpers import launch_xla_flags, model_of, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -109,7 +109,7 @@ def test_the_predictor_normalises_as_training_did_and_raw_pixels_into_the_model_
     assert accuracy == result.eval_history[-1]["eval_top1"]
     # What the README's snippet did: the model's own apply on unnormalised pixels. It runs, and is wrong.
     variables, config = checkpointing.load_exported(str(workdir))
-    raw_logits = models.model_from_config(config).apply(variables, images.astype(np.float32), train=False)
+    raw_logits = model_of(config).apply(variables, images.astype(np.float32), train=False)
     raw_accuracy = float(np.mean(np.argmax(raw_logits, -1) == labels))
     assert raw_accuracy < accuracy - 0.4, (raw_accuracy, accuracy)
 
@@ -118,7 +118,7 @@ def test_the_predictor_normalises_as_training_did_and_raw_pixels_into_the_model_
     logits = predictor(images)
     mean, stddev = (np.asarray(v, np.float32) for v in (config.data.mean_rgb, config.data.stddev_rgb))
     normalised = (images.astype(np.float32) / 255 - mean) / stddev
-    model = models.model_from_config(config)
+    model = model_of(config)
     np.testing.assert_allclose(logits, model.apply(variables, normalised, train=False), rtol=1e-4, atol=1e-4)
 
     # Any batch size, in chunks or not, gives each image the same logits (batch norm uses running averages).

@@ -17,11 +17,11 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from resnet_scaling import data, mesh, trainer
+from resnet_scaling import data, mesh, sections, trainer
 from resnet_scaling import plan as plan_lib
 from resnet_scaling.checkpointing import preemption
 from resnet_scaling.data import pipeline, records, tfds_data
-from tests.helpers import tiny_config
+from tests.helpers import data_source, tiny_config
 from tests.image_files import encode, identity, with_identity, write_folders, write_ilsvrc_tars
 
 # The first three ImageNet classes (TFDS numbers the synsets in labels.txt order).
@@ -44,7 +44,7 @@ def folders(tmp_path):
 
 
 def _source(config, **kwargs):
-    return data.create_data_source(config, mesh.create_mesh(8), **kwargs)
+    return data_source(config, mesh.create_mesh(8), **kwargs)
 
 
 def _ids(batch):
@@ -162,7 +162,8 @@ def test_same_seed_same_batches_other_seed_other_batches(folders):
 @pytest.mark.parametrize("process_count", [1, 2, 3])
 def test_process_shares_are_disjoint_cover_the_split_and_evaluate_every_image_once(folders, process_count):
     config = _folder_config(folders)
-    shares = [pipeline.record_shares(config, p, process_count) for p in range(process_count)]
+    shares = [pipeline.record_shares(sections.read(config).data, p, process_count)
+              for p in range(process_count)]
 
     def share_ids(share):
         return [identity(tf.io.decode_jpeg(image_bytes).numpy()) for image_bytes, _ in share.in_order()]
@@ -178,8 +179,8 @@ def test_process_shares_are_disjoint_cover_the_split_and_evaluate_every_image_on
         # One process's part of a job of `process_count` processes, each making 8 images per batch.
         batch = dataclasses.replace(plan_lib.batch_plan(config, 8), num_processes=process_count)
         source = pipeline.TFDataSource(
-            share, preprocess=pipeline.preprocess_config(config.data), batch=batch, mesh=mesh.create_mesh(8),
-            process_index=p)
+            share, preprocess=pipeline.preprocess_config(sections.read(config).data), batch=batch,
+            mesh=mesh.create_mesh(8), process_index=p)
         batches = list(source.local_eval_batches())
         batch_counts.append(len(batches))
         evaluated += _evaluated_ids(batches)
@@ -387,7 +388,8 @@ def test_imagenet2012_from_tars_trains_and_evaluates_every_validation_image_once
 @pytest.mark.parametrize("process_count", [1, 2, 3])
 def test_imagenet2012_shares_are_disjoint_and_cover_each_split(imagenet_dir, process_count):
     config = _imagenet_config(imagenet_dir)
-    shares = [pipeline.record_shares(config, p, process_count) for p in range(process_count)]
+    shares = [pipeline.record_shares(sections.read(config).data, p, process_count)
+              for p in range(process_count)]
     for split, total in (("train", 15), ("eval", 10)):
         records = [[bytes(b.numpy()) for b, _ in getattr(s, split).in_order()] for s in shares]
         flat = list(itertools.chain.from_iterable(records))

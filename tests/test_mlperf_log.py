@@ -23,7 +23,7 @@ from resnet_scaling import config as config_lib
 from resnet_scaling import metrics, trainer, training_setup
 from resnet_scaling.data import ArraySource, shapes
 from resnet_scaling.metrics import mlperf_log
-from tests.helpers import tiny_config
+from tests.helpers import data_source, tiny_config
 
 RULES = "training_4.0.0/common.yaml"
 NUM_TRAIN, BATCH = 256, 40  # 6.4 steps per epoch: epochs by images seen are not steps / ceil(6.4).
@@ -402,13 +402,13 @@ def test_invalid_mlperf_settings_are_refused_naming_the_field(field, value, says
 
 
 def test_mlperf_mode_trains_on_mlperfs_crop_area(tmp_path):
-    from resnet_scaling import data, mesh
+    from resnet_scaling import mesh
     from resnet_scaling.data import pipeline
 
     config = tiny_config(data__source="shapes", data__cache_dir=str(tmp_path), data__num_train_examples=20,
                          data__num_eval_examples=10)
-    case_study = data.create_data_source(config, mesh.create_mesh(8))
+    case_study = data_source(config, mesh.create_mesh(8))
     config.mlperf.enabled = True
-    mlperf = data.create_data_source(config, mesh.create_mesh(8))
+    mlperf = data_source(config, mesh.create_mesh(8))
     assert case_study._preprocess.crop_area_range == (0.08, 1.0)
     assert mlperf._preprocess.crop_area_range == (0.05, 1.0) == pipeline.MLPERF_CROP_AREA_RANGE

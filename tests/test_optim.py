@@ -18,7 +18,7 @@ import optax
 import pytest
 from flax.training import dynamic_scale as dynamic_scale_lib
 
-from resnet_scaling import models
+from resnet_scaling import models, sections
 from resnet_scaling.config import get_base_config
 from resnet_scaling.optim import (
     create_dynamic_scale,
@@ -184,7 +184,7 @@ def _optimizer_config(name, weight_decay=0.1, momentum=0.0, trust=0.001):
 
 
 def _one_step(config, params, grads, lr):
-    tx = create_optimizer(config, lr)
+    tx = create_optimizer(sections.read(config).optimizer, lr)
     updates, _ = tx.update(grads, tx.init(params), params)
     return updates
 
@@ -224,7 +224,7 @@ def test_sgd_momentum_accumulates():
     config = _optimizer_config("sgd", weight_decay=0.0, momentum=0.9)
     params = {"w": jnp.ones((2, 2))}
     grads = {"w": jnp.ones((2, 2))}
-    tx = create_optimizer(config, 1.0)
+    tx = create_optimizer(sections.read(config).optimizer, 1.0)
     state = tx.init(params)
     first, state = tx.update(grads, state, params)
     second, _ = tx.update(grads, state, params)
@@ -357,7 +357,7 @@ def test_case_study_lars_schedule_is_r1_12_lars_util_at_every_step(name, batch, 
     config = _load_shipped(name)
     plan = derive(config, N_IMAGENET, num_devices=config.mesh.num_devices)
     assert (plan.global_batch_size, plan.total_steps) == (batch, train_steps)
-    fn = jax.jit(create_learning_rate_schedule(config, plan))
+    fn = jax.jit(create_learning_rate_schedule(sections.read(config).schedule, plan))
     steps = np.arange(train_steps)
     got = np.asarray(jax.vmap(fn)(jnp.asarray(steps)))
     expected = np.asarray([_np_poly_rate_schedule(int(t), batch, N_IMAGENET, train_steps, plr, w_epochs)
@@ -375,7 +375,7 @@ def test_case_study_lars_schedule_is_r1_12_lars_util_at_every_step(name, batch, 
 def test_case_study_momentum_schedule_is_r1_12_resnet_main_at_every_step():
     config = _load_shipped("tpu_v2_8")
     plan = derive(config, N_IMAGENET, num_devices=8)
-    fn = jax.jit(jax.vmap(create_learning_rate_schedule(config, plan)))
+    fn = jax.jit(jax.vmap(create_learning_rate_schedule(sections.read(config).schedule, plan)))
     steps = np.arange(plan.total_steps)
     got = np.asarray(fn(jnp.asarray(steps)))
     expected = np.asarray([_np_piecewise_schedule(int(t), 1024, N_IMAGENET) for t in steps])
@@ -413,8 +413,8 @@ def test_lars_matches_its_reference_per_leaf_through_warmup_and_decay(config_nam
     num_images = 144_000
     plan = derive(config, num_images, num_devices=512)
     assert plan.total_steps == 400
-    schedule = create_learning_rate_schedule(config, plan)
-    tx = create_optimizer(config, schedule)
+    schedule = create_learning_rate_schedule(sections.read(config).schedule, plan)
+    tx = create_optimizer(sections.read(config).optimizer, schedule)
     update = jax.jit(tx.update)
 
     rng = np.random.default_rng(7)
@@ -493,7 +493,7 @@ def test_create_optimizer_refuses_unknown_name():
     config = _optimizer_config("sgd")
     config.optimizer.name = "adam"
     with pytest.raises(ValueError, match="optimizer.name"):
-        create_optimizer(config, 0.1)
+        create_optimizer(sections.read(config).optimizer, 0.1)
 
 
 # --------------------------------------------------------------------------- schedules
@@ -512,7 +512,7 @@ def _schedule(name, **overrides):
     plan = derive(config, NUM_EXAMPLES, num_devices=8)
     assert (plan.steps_per_epoch, plan.total_steps, plan.warmup_steps) == (100, 9000, 500)
     assert plan.peak_learning_rate == pytest.approx(PEAK)
-    fn = create_learning_rate_schedule(config, plan)
+    fn = create_learning_rate_schedule(sections.read(config).schedule, plan)
     return lambda step: float(fn(step))
 
 
@@ -599,7 +599,7 @@ def test_schedule_without_warmup_starts_at_peak():
     config = get_base_config()
     config.schedule.warmup_steps = 0
     plan = derive(config, NUM_EXAMPLES, num_devices=8)
-    fn = create_learning_rate_schedule(config, plan)
+    fn = create_learning_rate_schedule(sections.read(config).schedule, plan)
     assert float(fn(0)) == pytest.approx(PEAK)
     assert float(fn(4500)) == pytest.approx(PEAK / 2, rel=1e-5)  # midpoint of 9000 decay steps
 
@@ -609,7 +609,7 @@ def test_schedule_refuses_unknown_name():
     plan = derive(config, NUM_EXAMPLES, num_devices=8)
     config.schedule.name = "exponential"
     with pytest.raises(ValueError, match="schedule.name"):
-        create_learning_rate_schedule(config, plan)
+        create_learning_rate_schedule(sections.read(config).schedule, plan)
 
 
 # --------------------------------------------------------------------------- loss scaling
@@ -619,7 +619,7 @@ def test_schedule_refuses_unknown_name():
 def test_create_dynamic_scale(dtype, scaled):
     config = get_base_config()
     config.model.compute_dtype = dtype
-    result = create_dynamic_scale(config)
+    result = create_dynamic_scale(config.model.compute_dtype)
     if scaled:
         assert isinstance(result, dynamic_scale_lib.DynamicScale)
     else:

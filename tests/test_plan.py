@@ -10,7 +10,7 @@ import pytest
 
 from resnet_scaling import config_fields, data, plan
 from resnet_scaling.config import ConfigError, get_base_config, validate
-from tests.helpers import tiny_config
+from tests.helpers import data_source, tiny_config
 
 IMAGENET = 1_281_167
 
@@ -91,7 +91,7 @@ def test_synthetic_eval_counts_every_example_once_whatever_the_step_count():
     from resnet_scaling import mesh
 
     m = mesh.create_mesh(8)
-    source = data.create_data_source(config, m)
+    source = data_source(config, m)
     masks = [np.asarray(b["mask"]) for b in source.eval_batches()]
     assert len(masks) == plan.batch_plan_for_mesh(config, m).eval_steps(37) == 3
     assert sum(int(mask.sum()) for mask in masks) == 37

@@ -8,14 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from resnet_scaling import models
 from resnet_scaling.predict import Predictor
-from tests.helpers import tiny_config
+from tests.helpers import model_of, tiny_config
 
 
 def _predictor(**overrides):
     config = tiny_config(**overrides)
-    model = models.model_from_config(config)
+    model = model_of(config)
     variables = model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)), train=False)
     return Predictor(jax.device_get(variables), config)
 
@@ -66,11 +65,10 @@ def test_prepare_in_a_fresh_process_prints_nothing(tmp_path):
 
     repo = pathlib.Path(__file__).resolve().parents[1]
     script = ("import jax, jax.numpy as jnp, numpy as np\n"
-              "from resnet_scaling import models\n"
               "from resnet_scaling.predict import Predictor\n"
-              "from tests.helpers import tiny_config\n"
+              "from tests.helpers import model_of, tiny_config\n"
               "config = tiny_config(data__source='folders', data__eval_resize_size=36)\n"
-              "model = models.model_from_config(config)\n"
+              "model = model_of(config)\n"
               "variables = model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)), train=False)\n"
               "predictor = Predictor(jax.device_get(variables), config)\n"
               "print(predictor.prepare(np.zeros((1, 48, 72, 3), np.uint8)).shape)\n")

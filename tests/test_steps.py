@@ -8,20 +8,22 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from resnet_scaling import data, mesh, models, optim, steps
+from resnet_scaling import data, mesh, models, optim, sections, steps
 from resnet_scaling import plan as plan_lib
 from tests.helpers import random_arrays, tiny_config
 
 
 def _setup(config, num_devices, step_fn=steps.train_step):
     m = mesh.create_mesh(num_devices)
-    source = data.create_data_source(config, m, random_arrays())
+    parts = sections.read(config)
+    source = data.create_data_source(parts.data, m, random_arrays(),
+                                     batch=plan_lib.batch_plan_for_mesh(config, m))
     plan = plan_lib.derive(config, source.num_train_examples, m.size)
-    lr_fn = optim.create_learning_rate_schedule(config, plan)
-    state = steps.create_train_state(jax.random.key(0), models.model_from_config(config),
-                                     optim.create_optimizer(config, lr_fn), config.data.image_size, m,
-                                     optim.create_dynamic_scale(config))
-    step_config = steps.StepConfig.from_config(config)
+    lr_fn = optim.create_learning_rate_schedule(parts.schedule, plan)
+    state = steps.create_train_state(jax.random.key(0), models.model_from_config(parts.model),
+                                     optim.create_optimizer(parts.optimizer, lr_fn), config.data.image_size,
+                                     m, optim.create_dynamic_scale(parts.model.compute_dtype))
+    step_config = parts.step
     train = steps.jit_train_step(state, m, lr_fn, step_config, step_fn=step_fn)
     return m, source, state, train, step_config
 
@@ -222,8 +224,9 @@ def test_float16_uses_dynamic_loss_scaling_and_skips_overflowing_steps():
 
 def test_the_initialiser_compiles_unoptimised_on_the_cpu_to_the_same_state(monkeypatch):
     config = tiny_config()
-    model, m = models.model_from_config(config), mesh.create_mesh(2)
-    tx = optim.create_optimizer(config, lambda step: 0.1)
+    parts = sections.read(config)
+    model, m = models.model_from_config(parts.model), mesh.create_mesh(2)
+    tx = optim.create_optimizer(parts.optimizer, lambda step: 0.1)
     options_seen = []
     real_compile = jax.stages.Lowered.compile
 

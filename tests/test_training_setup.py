@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import models, trainer, training_setup
+from resnet_scaling import trainer, training_setup
 from resnet_scaling.analysis import compiled as compiled_lib
 from resnet_scaling.data import ArraySource
-from tests.helpers import random_arrays, tiny_config
+from tests.helpers import model_of, random_arrays, tiny_config
 
 
 def _config(**overrides):
@@ -70,7 +70,7 @@ def test_compiled_step_runs_on_real_batches_and_reports_flops_and_memory():
     # no work, but the patch-form weight gradients multiply those zeros, and at this model's 1-4 pixel
     # stage outputs half the taps of a strided 3x3 fall on padding (ResNet-50 at 224 px: 383.6 against
     # 382.2 GFLOP per step, +0.4%).
-    model = models.model_from_config(tiny_config())
+    model = model_of(tiny_config())
     forward = jax.jit(lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"]))
     forward_compiled = forward.lower(variables, np.zeros((2, 32, 32, 3))).compile()
     forward_flops = compiled_lib.flops_per_device(forward_compiled)

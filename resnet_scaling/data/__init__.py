@@ -2,7 +2,7 @@
 
 | module | job |
 |---|---|
-| `base.py` | the `DataSource` interface, `DataError`, padding, prefetch, process shares, the shaped batch |
+| `base.py` | `DataSource` (interface), `DataConfig`, `DataError`, padding, prefetch, shares, shaped batch |
 | `sources.py` | synthetic batches made on the device; NumPy arrays in memory |
 | `pipeline.py` | tf.data sources: TFDS datasets, class folders and the generated shapes |
 | `preprocessing.py`, `records.py`, `image_folders.py`, `tfds_data.py`, `shapes.py` | their parts |
@@ -13,7 +13,6 @@ built, so the synthetic and array sources (and the model, step and metrics) run 
 
 from __future__ import annotations
 
-import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
@@ -22,6 +21,7 @@ from resnet_scaling import tf_import
 from resnet_scaling.config_fields import DATA_SOURCES
 from resnet_scaling.data.base import (
     MLPERF_CROP_AREA_RANGE,
+    DataConfig,
     DataError,
     DataSource,
     pad_batch,
@@ -33,7 +33,7 @@ from resnet_scaling.data.base import (
 from resnet_scaling.data.shapes import make_shapes, shapes_folder
 from resnet_scaling.data.sources import ArraySource, SyntheticSource
 
-__all__ = ["MLPERF_CROP_AREA_RANGE", "ArraySource", "DataError",
+__all__ = ["MLPERF_CROP_AREA_RANGE", "ArraySource", "DataConfig", "DataError",
            "DataSource", "SyntheticSource", "create_data_source", "make_shapes", "pad_batch", "prefetch",
            "process_share", "shapes_folder", "shaped_eval_batch", "shaped_train_batch"]
 
@@ -41,48 +41,45 @@ _TF_DATA_SOURCES = ("tfds", "folders", "shapes")
 
 
 def create_data_source(
-    config: ml_collections.ConfigDict,
+    data: DataConfig,
     mesh: Mesh,
     arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None,
     *,
-    batch: plan_lib.BatchPlan | None = None,
+    batch: plan_lib.BatchPlan,
 ) -> DataSource:
-    """Builds the source `config.data.source` names.
+    """Builds the source `data.source` names.
 
     Args:
-      config: the run's config.
+      data: the run's data section (`sections.read(config).data`).
       mesh: the device mesh batches are sharded over.
       arrays: `(train_images, train_labels, eval_images, eval_labels)` for the "arrays" source.
-      batch: the run's batch sizes (default: `plan.batch_plan_for_mesh(config, mesh)`).
+      batch: the run's batch sizes (`plan.batch_plan_for_mesh(config, mesh)`).
 
     Raises:
       DataError: the dataset is missing, unprepared or does not match the config; the message says
         what to run or change.
     """
-    data = config.data
     source = data.source
-    batch = batch or plan_lib.batch_plan_for_mesh(config, mesh)
     if source != "arrays" and arrays is not None:
         raise ValueError(f"Arrays were passed but config.data.source is {source!r}; set it to 'arrays'.")
     if source == "synthetic":
         return SyntheticSource(
-            image_size=data.image_size, num_classes=config.model.num_classes, batch=batch, mesh=mesh,
+            image_size=data.image_size, num_classes=data.num_classes, batch=batch, mesh=mesh,
             num_train_examples=data.num_train_examples, num_eval_examples=data.num_eval_examples,
-            num_batches=data.synthetic_num_batches, seed=config.seed,
+            num_batches=data.synthetic_num_batches, seed=data.seed,
         )
     if source == "arrays":
         if arrays is None:
             raise ValueError("config.data.source is 'arrays': pass arrays=(train_images, train_labels, "
                              "eval_images, eval_labels) to train_and_evaluate.")
         return ArraySource(
-            *arrays, batch=batch, mesh=mesh, seed=config.seed, shuffle=data.shuffle,
-            num_classes=config.model.num_classes, image_size=data.image_size,
-            class_names=data.get("class_names"),
+            *arrays, batch=batch, mesh=mesh, seed=data.seed, shuffle=data.shuffle,
+            num_classes=data.num_classes, image_size=data.image_size, class_names=data.class_names,
         )
     if source in _TF_DATA_SOURCES:
         tf_import.import_tensorflow_for_host()
         from resnet_scaling.data import pipeline  # Imports TensorFlow.
 
-        return pipeline.source_from_config(config, mesh, batch)
+        return pipeline.source_from_config(data, mesh, batch)
     raise ValueError(f"config.data.source: unknown source {source!r}; choose one of "
                      f"{', '.join(DATA_SOURCES)}.")

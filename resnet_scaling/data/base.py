@@ -7,6 +7,7 @@ Sources yield global batches sharded by `mesh.batch_sharding`: `images` uint8 [B
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 from collections.abc import Iterator
 from typing import Protocol
@@ -20,12 +21,48 @@ from resnet_scaling import mesh as mesh_lib
 from resnet_scaling.errors import RunError
 from resnet_scaling.plan import BatchPlan
 
-__all__ = ["MLPERF_CROP_AREA_RANGE", "Batch", "DataError", "DataSource", "pad_batch",
+__all__ = ["MLPERF_CROP_AREA_RANGE", "Batch", "DataConfig", "DataError", "DataSource", "pad_batch",
            "prefetch", "process_share", "shaped_eval_batch", "shaped_train_batch"]
 
 Batch = dict[str, jax.Array]
 # MLPerf's training crop area (the reference's is 8-100%); MLPerf mode overrides `data.crop_area_range`.
 MLPERF_CROP_AREA_RANGE = (0.05, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """What the sources read: `config.data` (its fields, commented in config.py), the seed, the classes and
+    MLPerf's crop (`sections.read` builds it). Normalisation (`mean_rgb`, `stddev_rgb`) is the step's."""
+
+    source: str = "tfds"  # One of config_fields.DATA_SOURCES.
+    dataset: str = "imagenet2012"
+    data_dir: str = ""
+    train_split: str = "train"
+    eval_split: str = "validation"
+    image_key: str = "image"
+    label_key: str = "label"
+    folder: str = ""
+    cache_dir: str = "~/.cache/resnet_scaling"
+    image_size: int = 224
+    class_names: tuple[str, ...] | None = None
+    num_train_examples: int = 1_281_167
+    num_eval_examples: int = 50_000
+    shuffle: bool = True
+    synthetic_num_batches: int = 4
+    crop_area_range: tuple[float, float] = (0.08, 1.0)
+    crop_aspect_range: tuple[float, float] = (3 / 4, 4 / 3)
+    crop_attempts: int = 10
+    random_flip: bool = True
+    eval_resize_size: int = 256
+    resize_method: str = "bilinear"
+    shuffle_buffer_size: int = 16_384
+    interleave_cycle_length: int = 16
+    num_threads: int = 0
+    prefetch_batches: int = 2
+    device_prefetch: int = 2
+    num_classes: int = 1000  # `config.model.num_classes`: a dataset with another count is refused.
+    seed: int = 0  # `config.seed`: shuffling, augmentation, synthetic images.
+    mlperf_crop: bool = False  # `config.mlperf.enabled`: train on MLPERF_CROP_AREA_RANGE's crops.
 
 
 class DataError(RunError, ValueError):

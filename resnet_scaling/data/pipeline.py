@@ -16,7 +16,6 @@ import threading
 from collections.abc import Iterator
 
 import jax
-import ml_collections
 import numpy as np
 import tensorflow as tf
 from jax.sharding import Mesh
@@ -26,6 +25,7 @@ from resnet_scaling.data import image_folders, preprocessing, records, shapes
 from resnet_scaling.data.base import (
     MLPERF_CROP_AREA_RANGE,
     Batch,
+    DataConfig,
     DataError,
     pad_batch,
     prefetch,
@@ -56,10 +56,9 @@ class Shares:
     class_names: list[str] | None = None  # Label i's name: a class folder's, a TFDS label's; None: unnamed.
 
 
-def record_shares(config: ml_collections.ConfigDict, process_index: int, process_count: int) -> Shares:
+def record_shares(data: DataConfig, process_index: int, process_count: int) -> Shares:
     """The shares process `process_index` of `process_count` reads, for the "tfds", "folders" and
     "shapes" sources; raises `DataError` for a missing, unprepared or malformed dataset."""
-    data = config.data
     if data.source == "tfds":
         from resnet_scaling.data import tfds_data  # Imports tensorflow_datasets.
 
@@ -67,7 +66,7 @@ def record_shares(config: ml_collections.ConfigDict, process_index: int, process
         train, evaluation = (
             tfds_data.record_share(
                 builder, split, image_key=data.image_key, label_key=data.label_key,
-                process_index=process_index, process_count=process_count, seed=config.seed,
+                process_index=process_index, process_count=process_count, seed=data.seed,
                 shuffle=shuffle, shuffle_buffer_size=data.shuffle_buffer_size,
                 cycle_length=data.interleave_cycle_length)
             for split, shuffle in ((data.train_split, data.shuffle), (data.eval_split, False)))
@@ -79,50 +78,48 @@ def record_shares(config: ml_collections.ConfigDict, process_index: int, process
     if data.source == "shapes":
         root = shapes.shapes_folder(data.cache_dir, num_train=data.num_train_examples,
                                     num_eval=data.num_eval_examples, image_size=data.image_size,
-                                    seed=config.seed)
+                                    seed=data.seed)
     elif data.source != "folders":
         raise ValueError(f"config.data.source {data.source!r} is not read through tf.data.")
     train_files, eval_files = image_folders.list_splits(root)
     # Listed class by class: permute once (the same on every process) so every share holds every class.
-    permutation = np.random.default_rng(config.seed).permutation(len(train_files.paths))
+    permutation = np.random.default_rng(data.seed).permutation(len(train_files.paths))
     start, stop = process_share(len(permutation), process_index, process_count)
     mine = permutation[start:stop]
     train = records.FileList([train_files.paths[i] for i in mine], train_files.labels[mine],
-                             seed=config.seed, process_index=process_index, shuffle=data.shuffle)
+                             seed=data.seed, process_index=process_index, shuffle=data.shuffle)
     start, stop = process_share(len(eval_files.paths), process_index, process_count)
     evaluation = records.FileList(eval_files.paths[start:stop], eval_files.labels[start:stop],
-                                  seed=config.seed, process_index=process_index, shuffle=False)
+                                  seed=data.seed, process_index=process_index, shuffle=False)
     ignored = train_files.num_ignored + eval_files.num_ignored
     description = f"class folders in {root}" + (f" ({ignored} non-image files ignored)" if ignored else "")
     return Shares(train, evaluation, len(train_files.paths), len(eval_files.paths),
                   len(train_files.class_names), description, list(train_files.class_names))
 
 
-def preprocess_config(data: ml_collections.ConfigDict, *, mlperf: bool = False
-                      ) -> preprocessing.PreprocessConfig:
-    """The preprocessing settings of `config.data`; `mlperf` crops `MLPERF_CROP_AREA_RANGE` instead."""
+def preprocess_config(data: DataConfig) -> preprocessing.PreprocessConfig:
+    """The preprocessing settings of `data`; `data.mlperf_crop` crops `MLPERF_CROP_AREA_RANGE` instead."""
     return preprocessing.PreprocessConfig(
         image_size=data.image_size,
-        crop_area_range=MLPERF_CROP_AREA_RANGE if mlperf else tuple(data.crop_area_range),
+        crop_area_range=MLPERF_CROP_AREA_RANGE if data.mlperf_crop else tuple(data.crop_area_range),
         crop_aspect_range=tuple(data.crop_aspect_range), crop_attempts=data.crop_attempts,
         random_flip=data.random_flip, eval_resize_size=data.eval_resize_size,
         resize_method=data.resize_method)
 
 
-def source_from_config(config: ml_collections.ConfigDict, mesh: Mesh, batch: BatchPlan) -> TFDataSource:
+def source_from_config(data: DataConfig, mesh: Mesh, batch: BatchPlan) -> TFDataSource:
     """This process's tf.data source for the "tfds", "folders" and "shapes" sources."""
     index, count = jax.process_index(), jax.process_count()
-    shares = record_shares(config, index, count)
-    if shares.num_classes is not None and shares.num_classes != config.model.num_classes:
+    shares = record_shares(data, index, count)
+    if shares.num_classes is not None and shares.num_classes != data.num_classes:
         raise DataError(f"The dataset has {shares.num_classes} classes but config.model.num_classes is "
-                        f"{config.model.num_classes}; set --config.model.num_classes={shares.num_classes}.")
+                        f"{data.num_classes}; set --config.model.num_classes={shares.num_classes}.")
     logger.info("Input: %s: %d training and %d evaluation images; process %d of %d reads %d and %d.",
                  shares.description, shares.num_train_examples, shares.num_eval_examples, index, count,
                  shares.train.num_examples, shares.eval.num_examples)
-    data = config.data
     return TFDataSource(
-        shares, preprocess=preprocess_config(data, mlperf=config.mlperf.enabled), batch=batch, mesh=mesh,
-        seed=config.seed, num_threads=data.num_threads, prefetch_batches=data.prefetch_batches,
+        shares, preprocess=preprocess_config(data), batch=batch, mesh=mesh,
+        seed=data.seed, num_threads=data.num_threads, prefetch_batches=data.prefetch_batches,
         device_prefetch=data.device_prefetch)
 
 
