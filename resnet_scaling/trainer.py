@@ -172,7 +172,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
     schedule, report, state, start_step = launch.schedule, launch.report, launch.state, launch.start_step
     batches, batch, train_step = launch.batches, launch.first_batch, launch.train_step
     checkpoints = _Checkpoints(launch.checkpointer, state, start_step, config, launch.log)
-    hooks = _step_hooks(config, workdir, write=jax.process_index() == 0)
+    hooks = _step_hooks(config, workdir, write=launch.is_writer)
     report.start(launch.compile_sec)
     preempted = stopped = False  # stopped: MLPerf mode, an evaluation reached MLPerf's target.
     try:
@@ -206,7 +206,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
         checkpoints.export(state, ran_a_step=int(state.step) > start_step, preempted=preempted)
         summary = report.finish(int(state.step), preempted=preempted, compile_sec=launch.compile_sec,
                                 flops_per_device=compiled_lib.flops_per_device(train_step))
-        if jax.process_index() == 0:
+        if launch.is_writer:
             _log_headline(summary, {**report.files, **checkpoints.paths(preempted)})
     finally:
         for hook in reversed(hooks):
@@ -226,6 +226,7 @@ class _Launch:
     """What `_launch` sets up for the loop (see `_train`)."""
 
     run: training_setup.TrainingSetup
+    is_writer: bool  # Process 0: logs at INFO and writes the metric files.
     log: Callable[..., None]
     state: steps.TrainState
     start_step: int
@@ -238,6 +239,7 @@ class _Launch:
     first_batch: Any
 
     def train_batches(self) -> Iterator[Any]:
+        """The training batches from the start step on."""
         return self.run.source.train_batches(start_step=self.start_step)
 
     def evaluate(self, state: steps.TrainState) -> dict[str, float]:
@@ -289,9 +291,9 @@ def _launch(config: ml_collections.ConfigDict, workdir: str,
     batch = None if batches is None else next(batches)
     train_step, compile_sec = run.compile_train_step(state, batch)
     _log_compiled(log, train_step, compile_sec)
-    return _Launch(run=run, log=log, state=state, start_step=start_step, schedule=schedule, report=report,
-                   checkpointer=checkpointer, train_step=train_step, compile_sec=compile_sec,
-                   batches=batches, first_batch=batch)
+    return _Launch(run=run, is_writer=is_writer, log=log, state=state, start_step=start_step,
+                   schedule=schedule, report=report, checkpointer=checkpointer, train_step=train_step,
+                   compile_sec=compile_sec, batches=batches, first_batch=batch)
 
 
 class _Checkpoints:

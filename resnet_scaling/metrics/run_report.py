@@ -58,10 +58,10 @@ class RunReport:
             workdir, config, plan, schedule, mesh)
         self._goodput, self._write, self._start_step = goodput, write, start_step
         self._log = logger.info if write else logger.debug
-        self.clock = RunClock(plan.global_batch_size, plan.timing_warmup_steps, config.eval.target_top1,
+        self._clock = RunClock(plan.global_batch_size, plan.timing_warmup_steps, config.eval.target_top1,
                               saved_clock, launch_start_wall, goodput)
         goodput.started(start_step)
-        stopped_at = self.clock.mlperf_stop_step
+        stopped_at = self._clock.mlperf_stop_step
         self.last_step = schedule.last_step(start_step, stopped_at)
         if schedule.stop_at_target and stopped_at is not None:
             self._log("This MLPerf-mode run reached MLPerf's target top-1 at step %d and stopped: nothing to "
@@ -88,13 +88,13 @@ class RunReport:
         """The training loop starts: the metric files open (process 0), MLPerf's clock and the run's start."""
         if self._write:
             self._writers = MetricWriters(self._workdir, tensorboard=self._config.training.tensorboard,
-                                                  config_text=str(self._config), resume_step=self._start_step)
+                                          config_text=str(self._config), resume_step=self._start_step)
         self._mlperf.run_start()
-        self.clock.start(compile_sec)
+        self._clock.start(compile_sec)
 
     def next_batch(self, batches: Iterator[T], step: int) -> T:
         """Step `step`'s batch, the wait for it on the training clock."""
-        return self.clock.next_batch(batches, step)
+        return self._clock.next_batch(batches, step)
 
     def before_step(self, step: int) -> None:
         """Before step `step` is dispatched: the MLPerf log's block and epoch open."""
@@ -105,7 +105,7 @@ class RunReport:
         counted (`outputs` not waited for, but at the timing warm-up's end)."""
         self._mlperf.after_step(step)
         self._buffer.append(step, outputs)
-        self.clock.step_dispatched(step, outputs)
+        self._clock.step_dispatched(step, outputs)
 
     def fetch(self) -> list[dict[str, float]]:
         """The steps' metrics not fetched yet (blocks until computed): for the divergence checks."""
@@ -115,7 +115,7 @@ class RunReport:
         """Closes the log interval ending at `step`: its means and timing, as a record, logged and written."""
         plan = self._plan
         record = {"step": step, "epoch": plan.epochs_at(step), **self._buffer.mean(),
-                  **self.clock.end_interval(self._interval_first_step, step)}
+                  **self._clock.end_interval(self._interval_first_step, step)}
         self._interval_first_step = step + 1
         self.train_history.append(record)
         if self._writers is not None:
@@ -134,20 +134,20 @@ class RunReport:
         Returns:
           The evaluation's record, and whether the run stops there (MLPerf mode, at MLPerf's target).
         """
-        with self.clock.paused(wait_for=state, step=step):  # Waits for the steps dispatched first.
+        with self._clock.paused(wait_for=state, step=step):  # Waits for the steps dispatched first.
             self._mlperf.eval_start(step)
             record = {"step": step, **evaluate_fn(state)}
             epoch, top1 = self._plan.epochs_at(step), record["eval_top1"]
-            if self.clock.evaluated(step, epoch, top1):
+            if self._clock.evaluated(step, epoch, top1):
                 self._log("Reached the target top-1 %.4f at step %d (epoch %.2f): %.1fs timed, %.1fs wall.",
-                          self._config.eval.target_top1, step, epoch, self.clock.timed_sec(),
-                          self.clock.wall_sec())
+                          self._config.eval.target_top1, step, epoch, self._clock.timed_sec(),
+                          self._clock.wall_sec())
             self._log("eval at step %d: loss %.4f, top1 %.4f, top5 %.4f over %d images (%.1fs)", step,
                       record["eval_loss"], record["eval_top1"], record["eval_top5"], record["eval_count"],
                       record["eval_sec"])
             stops = bool(self._mlperf.eval_stop(step, top1) and self._schedule.stop_at_target)
             if stops:
-                self.clock.mlperf_stop_step = step  # Saved: a launch resumed after it trains nothing.
+                self._clock.mlperf_stop_step = step  # Saved: a launch resumed after it trains nothing.
                 self._log("Reached MLPerf's target top-1 %.4f at epoch %.3f by images seen: the run stops "
                           "(MLPerf mode).", self._config.mlperf.target_top1, self._mlperf.epoch_num(step))
             self.eval_history.append(record)
@@ -158,23 +158,23 @@ class RunReport:
     @contextlib.contextmanager
     def checkpointing(self, step: int, state: Any) -> Iterator[None]:
         """The block that saves `state` after `step`, off the training clock (counted as checkpointing)."""
-        with self.clock.paused(wait_for=state, step=step, checkpoint=True):
+        with self._clock.paused(wait_for=state, step=step, checkpoint=True):
             yield
 
     def clock_state(self) -> dict[str, Any]:
         """The clocks a checkpoint saves, so that a resumed launch continues them."""
-        return self.clock.state_dict()
+        return self._clock.state_dict()
 
     def stop(self, state: Any, preempted: bool) -> None:
         """The loop is over: the training clock stops once the device is done, and MLPerf's clock with it."""
-        self.clock.pause(wait_for=state)
+        self._clock.pause(wait_for=state)
         self._mlperf.run_stop(mlperf_log.ABORTED if preempted else None)
 
     def finish(self, final_step: int, *, preempted: bool, compile_sec: float,
                flops_per_device: float | None) -> dict[str, Any]:
         """The run's headline figures in `metrics.summary`'s schema, written to summary.json by process 0
         (`files` then names it, with the TensorBoard folder)."""
-        self.clock.record(final_step)
+        self._clock.record(final_step)
         result = self._summary(final_step, preempted, compile_sec, flops_per_device)
         if self._write:
             self.files["summary"] = write_summary(self._workdir, result)
@@ -186,7 +186,7 @@ class RunReport:
                  flops_per_device: float | None) -> dict[str, Any]:
         plan, mesh = self._plan, self._mesh
         device = mesh.devices.flat[0]
-        throughput = self.clock.throughput_summary(final_step)
+        throughput = self._clock.throughput_summary(final_step)
         images_per_sec = throughput["images_per_sec"]
         throughput["images_per_sec_per_device"] = images_per_sec / mesh.size if images_per_sec else None
         # MFU from the steady-state mean step time (all timed seconds / timed steps), not a percentile.
@@ -199,8 +199,8 @@ class RunReport:
                  "start_step": self._start_step, "final_step": final_step, "total_steps": plan.total_steps,
                  "timing_warmup_steps": plan.timing_warmup_steps, "preempted": preempted},
             throughput=throughput,
-            time=self.clock.time_summary(compile_sec),
-            accuracy=self.clock.accuracy_summary(),
+            time=self._clock.time_summary(compile_sec),
+            accuracy=self._clock.accuracy_summary(),
             utilisation=utilisation(flops_per_device, sec_per_step, mesh.size, device.device_kind),
             goodput=self._goodput.summary(),
             mlperf=self._mlperf.summary(),
