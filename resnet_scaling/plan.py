@@ -10,6 +10,11 @@ data source needs the batch sizes before it can say how large its splits are:
 
 Durations (length, warm-ups, intervals) are given in steps, examples or epochs (which fields:
 `config_fields.DURATIONS`); `duration_steps` converts them all (as big_vision's `u.steps`).
+
+When the loop logs, evaluates, saves and stops is decided here too, in one place that the loop asks:
+
+    schedule = plan.loop_schedule(config, training_plan)
+    schedule.is_log_step(step), schedule.is_eval_step(step), schedule.is_save_step(step, ...)
 """
 
 from __future__ import annotations
@@ -253,4 +258,103 @@ def derive(config: ml_collections.ConfigDict, num_train_examples: int, num_devic
         log_every_steps=int(config.training.log_every_steps),
         timing_warmup_steps=min(steps(TIMING_WARMUP), total_steps),
         warmup_exact_steps=max(0.0, warmup_exact),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSchedule:
+    """When the training loop logs, evaluates, saves and stops (not the learning rate's schedule: optim.py).
+
+    "Every N steps" means after each step that is a multiple of N (0: never) and after the last step.
+
+    Attributes:
+      total_steps: the run's last step.
+      log_every_steps: steps between log points (fetches of the training metrics).
+      eval_every_steps: steps between evaluations, where `eval_after_steps` is None.
+      eval_after_steps: MLPerf mode: exactly the steps an evaluation follows (`eval_steps_by_epochs`).
+      checkpoint_every_steps: steps between checkpoints.
+      checkpoints: whether the run saves checkpoints at all (`checkpoint.enabled`).
+      save_evaluated: every evaluated state is saved with its metrics, so the best one is kept
+        (`checkpoint.keep_best`).
+      stop_at_target: MLPerf mode: the run stops at the first evaluation at or above MLPerf's target, and
+        a launch resumed after it trains nothing.
+    """
+
+    total_steps: int
+    log_every_steps: int
+    eval_every_steps: int = 0
+    eval_after_steps: tuple[int, ...] | None = None
+    checkpoint_every_steps: int = 0
+    checkpoints: bool = False
+    save_evaluated: bool = False
+    stop_at_target: bool = False
+
+    def is_log_step(self, step: int) -> bool:
+        """Whether the training metrics are fetched, checked and logged after `step`; in MLPerf mode at
+        every evaluation too, where the run may stop."""
+        return (_every(step, self.log_every_steps, self.total_steps)
+                or (self.stop_at_target and self.is_eval_step(step)))
+
+    def is_eval_step(self, step: int) -> bool:
+        """Whether an evaluation follows `step`."""
+        if self.eval_after_steps is not None:
+            return step in self.eval_after_steps
+        return _every(step, self.eval_every_steps, self.total_steps)
+
+    def next_eval_after(self, step: int) -> int:
+        """The first step after `step` that an evaluation follows (the last step at the latest)."""
+        if self.eval_after_steps is not None:
+            return next((s for s in self.eval_after_steps if s > step), self.total_steps)
+        if self.eval_every_steps <= 0:
+            return self.total_steps
+        return min(self.total_steps, (step // self.eval_every_steps + 1) * self.eval_every_steps)
+
+    def is_save_step(self, step: int, *, preempted: bool = False, stopped: bool = False) -> bool:
+        """Whether a checkpoint is saved after `step`: every `checkpoint_every_steps`, at the end, on
+        preemption, where an MLPerf-mode run stops, and after each evaluation with `save_evaluated`."""
+        if not self.checkpoints:
+            return False
+        return (_every(step, self.checkpoint_every_steps, self.total_steps) or preempted or stopped
+                or (self.save_evaluated and self.is_eval_step(step)))
+
+    def last_step(self, start_step: int, target_reached_at: int | None = None) -> int:
+        """The last step this launch trains: the run's last, or `start_step` (nothing to train) in MLPerf
+        mode once an earlier launch reached the target (at step `target_reached_at`)."""
+        if self.stop_at_target and target_reached_at is not None:
+            return start_step
+        return self.total_steps
+
+
+def _every(step: int, every_steps: int, total_steps: int) -> bool:
+    """Whether a periodic action runs after `step`: every `every_steps` steps (0: never) and at the end."""
+    return step == total_steps or (every_steps > 0 and step % every_steps == 0)
+
+
+def eval_steps_by_epochs(num_train_examples: int, global_batch_size: int, every_epochs: int,
+                         total_steps: int) -> tuple[int, ...]:
+    """MLPerf's evaluation points: after the first step whose images reach each multiple of `every_epochs`
+    epochs (`ceil(k * every_epochs * examples / batch)`), and after the last step."""
+    steps = []
+    k = 1
+    while (step := -(-k * every_epochs * num_train_examples // global_batch_size)) < total_steps:
+        steps.append(step)
+        k += 1
+    return (*steps, total_steps)
+
+
+def loop_schedule(config: ml_collections.ConfigDict, plan: TrainingPlan) -> LoopSchedule:
+    """The run's `LoopSchedule`: the plan's intervals, or in MLPerf mode (`mlperf.enabled`) evaluations
+    every `mlperf.eval_every_epochs` epochs by images seen and a stop at MLPerf's target."""
+    mlperf = bool(config.mlperf.enabled)
+    return LoopSchedule(
+        total_steps=plan.total_steps,
+        log_every_steps=plan.log_every_steps,
+        eval_every_steps=plan.eval_every_steps,
+        eval_after_steps=eval_steps_by_epochs(plan.num_train_examples, plan.global_batch_size,
+                                              int(config.mlperf.eval_every_epochs), plan.total_steps)
+        if mlperf else None,
+        checkpoint_every_steps=plan.checkpoint_every_steps,
+        checkpoints=bool(config.checkpoint.enabled),
+        save_evaluated=bool(config.checkpoint.keep_best),
+        stop_at_target=mlperf,
     )

@@ -1,5 +1,10 @@
 """`train_and_evaluate(config, workdir)`: the training loop over what `training_setup.setup` builds.
 
+The loop (`_train`) works with six collaborators: the batches, the compiled train step, the run's report
+(clock, records, goodput, metric files, MLPerf log: `metrics/run_report.py`), the step hooks (a profile
+window, the bound on steps in flight), the checkpoints (the checkpointer with its divergence and preemption
+guards) and the schedule (`plan.LoopSchedule`: when to log, evaluate, save and stop).
+
 The only module that decides who writes: process 0 logs and writes metric files; every process trains.
 """
 
@@ -27,9 +32,8 @@ from resnet_scaling import workdir as workdir_lib
 from resnet_scaling.analysis import compiled as compiled_lib
 from resnet_scaling.checkpointing import divergence, preemption
 from resnet_scaling.errors import RunError
-from resnet_scaling.metrics import mlperf_log, profiling
+from resnet_scaling.metrics import profiling, run_report
 from resnet_scaling.metrics.summary import SUMMARY_FILENAME
-from resnet_scaling.resilience import distributed
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +165,93 @@ def _locked_workdir(workdir: str) -> Iterator[None]:
 def _train(config: ml_collections.ConfigDict, workdir: str,
            arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None,
            devices: list[jax.Device] | None, launch_start_wall: float) -> TrainResult:
+    """Sets the launch up, then trains its steps, evaluating, saving and stopping as the schedule says."""
+    launch = _launch(config, workdir, arrays, devices, launch_start_wall)
+    if isinstance(launch, TrainResult):
+        return launch  # The workdir's run had already finished.
+    schedule, report, state, start_step = launch.schedule, launch.report, launch.state, launch.start_step
+    batches, batch, train_step = launch.batches, launch.first_batch, launch.train_step
+    checkpoints = _Checkpoints(launch.checkpointer, state, start_step, config, launch.log)
+    hooks = _step_hooks(config, workdir, write=launch.is_writer)
+    report.start(launch.compile_sec)
+    preempted = stopped = False  # stopped: MLPerf mode, an evaluation reached MLPerf's target.
+    try:
+        if batches is None:  # MLPerf mode: no training data before run_start.
+            batches = launch.train_batches()
+        for step in range(start_step + 1, report.last_step + 1):  # `step` counts the steps done after it.
+            if batch is None or step > start_step + 1:
+                batch = report.next_batch(batches, step)
+            report.before_step(step)
+            for hook in hooks:
+                hook.before_step(step)
+            state, outputs = train_step(state, batch)
+            for hook in reversed(hooks):
+                hook.after_step(step, state, outputs)
+            report.after_step(step, outputs)
+            if schedule.is_log_step(step):
+                checkpoints.check(report.fetch())  # A diverged run or a failed save ends here.
+                report.log_point(step)
+            eval_metrics = None
+            if schedule.is_eval_step(step):
+                eval_metrics, stopped = report.evaluate(step, state, launch.evaluate)
+            preempted = checkpoints.preempted(step)
+            if schedule.is_save_step(step, preempted=preempted, stopped=stopped):
+                with report.checkpointing(step, state):
+                    checkpoints.save(step, state, report.fetch(), report.clock_state, eval_metrics)
+            if preempted:
+                checkpoints.log_preempted(step)
+            if preempted or stopped:
+                break
+        report.stop(state, preempted)
+        checkpoints.export(state, ran_a_step=int(state.step) > start_step, preempted=preempted)
+        summary = report.finish(int(state.step), preempted=preempted, compile_sec=launch.compile_sec,
+                                flops_per_device=compiled_lib.flops_per_device(train_step))
+        if launch.is_writer:
+            _log_headline(summary, {**report.files, **checkpoints.paths(preempted)})
+    finally:
+        for hook in reversed(hooks):
+            hook.close()
+        report.close()  # The MLPerf log's run_stop(aborted) if an error ended the run.
+        checkpoints.close_watcher()
+        if batches is not None:
+            batches.close()  # Ends the input pipeline now, not when the garbage collector frees it.
+        checkpoints.close()  # Waits for saves under way: nothing started is lost.
+    return TrainResult(state=state, plan=launch.run.plan, train_history=report.train_history,
+                       eval_history=report.eval_history, compile_sec=launch.compile_sec,
+                       start_step=start_step, preempted=preempted, summary=summary)
+
+
+@dataclasses.dataclass
+class _Launch:
+    """What `_launch` sets up for the loop (see `_train`)."""
+
+    run: training_setup.TrainingSetup
+    is_writer: bool  # Process 0: logs at INFO and writes the metric files.
+    log: Callable[..., None]
+    state: steps.TrainState
+    start_step: int
+    schedule: plan_lib.LoopSchedule
+    report: run_report.RunReport
+    checkpointer: checkpointing.Checkpointer | None
+    train_step: Any
+    compile_sec: float
+    batches: Iterator[Any] | None  # None in MLPerf mode until run_start (`train_batches`).
+    first_batch: Any
+
+    def train_batches(self) -> Iterator[Any]:
+        """The training batches from the start step on."""
+        return self.run.source.train_batches(start_step=self.start_step)
+
+    def evaluate(self, state: steps.TrainState) -> dict[str, float]:
+        """One exact evaluation of `state`, with its `eval_sec`."""
+        return timed_evaluate(self.run.eval_step, state, self.run.source)
+
+
+def _launch(config: ml_collections.ConfigDict, workdir: str,
+            arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None,
+            devices: list[jax.Device] | None, launch_start_wall: float) -> _Launch | TrainResult:
+    """The launch's set-up: mesh, data, state (restored from the newest checkpoint), its report and its
+    compiled step; or the finished run's result, where the workdir's run had reached its last step."""
     is_writer = jax.process_index() == 0
     # On record from the launch's first moment: one that dies in its set-up still counts in goodput.
     goodput = metrics_lib.GoodputRecorder(workdir, None, launch_start_wall, write=is_writer)
@@ -169,12 +260,12 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
     except RunError:
         goodput.forget()  # A refused config or dataset: not a launch of the run.
         raise
-    plan, source, state = run.plan, run.source, run.state
+    plan, source = run.plan, run.source
     log = logger.info if is_writer else logger.debug
     _log_setup(log, run)
     checkpointer = (checkpointing.Checkpointer(workdir, config, class_names=source.class_names)
                     if config.checkpoint.enabled else None)
-    state, saved_meta = _restore(checkpointer, state, plan, log)
+    state, saved_meta = _restore(checkpointer, run.state, plan, log)
     start_step = int(state.step)
     if start_step >= plan.total_steps and checkpointer is not None:
         try:
@@ -189,104 +280,88 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
         _write_config(workdir, config)
         # Beside the checkpoints, which then need no copy each: the best weights' predictions are named too.
         checkpointing.write_class_names(workdir, source.class_names)
-    saved_clock = saved_meta.get("clock") if saved_meta else None
-    if is_writer and saved_meta:
-        _record_changes_on_resume(workdir, saved_meta, config, start_step)
-    clock = metrics_lib.RunClock(plan.global_batch_size, plan.timing_warmup_steps, config.eval.target_top1,
-                                 saved_clock, launch_start_wall, goodput)
-    goodput.started(start_step)
-
-    mlperf_mode = bool(config.mlperf.enabled)
-    mlperf, schedule, last_step = _open_mlperf_log(run, workdir, clock, start_step, launch_start_wall, log,
-                                                   write=is_writer)
-    # MLPerf: no training data before run_start; the step compiles on the batch's shapes.
-    batches = None if mlperf_mode else source.train_batches(start_step=start_step)
+        if saved_meta:
+            _record_changes_on_resume(workdir, saved_meta, config, start_step)
+    schedule = plan_lib.loop_schedule(config, plan)
+    report = run_report.RunReport(workdir, config, plan, schedule, run.mesh, goodput,
+                                  saved_clock=saved_meta.get("clock") if saved_meta else None,
+                                  start_step=start_step, launch_start_wall=launch_start_wall, write=is_writer)
+    # MLPerf mode: no training data before run_start; the step compiles on the batch's shapes.
+    batches = None if config.mlperf.enabled else source.train_batches(start_step=start_step)
     batch = None if batches is None else next(batches)
-    train_step_fn, compile_sec = run.compile_train_step(state, batch)
-    _log_compiled(log, train_step_fn, compile_sec)
-    result = TrainResult(state=state, plan=plan, train_history=[], eval_history=[], compile_sec=compile_sec,
-                         start_step=start_step)
-    records = _Records(result, clock, metrics_lib.MetricWriters(
-        workdir, tensorboard=config.training.tensorboard, config_text=str(config), resume_step=start_step)
-        if is_writer else None)
-    watcher = preemption.PreemptionWatcher()
-    hooks: tuple[StepHook, ...] = (
-        records,
-        mlperf,
-        profiling.StepWindowProfiler(config.training.profile_steps,
-                                     str(workdir_lib.as_path(workdir) / "tensorboard"), enabled=is_writer),
-        StepsInFlight(MAX_STEPS_AHEAD))
-    guard = divergence.DivergenceGuard(state, start_step, config.training.max_param_norm_growth, checkpointer)
-    mlperf.run_start()
-    clock.start(compile_sec)
-    stopped = False  # MLPerf mode: an evaluation reached MLPerf's target.
-    try:
-        if batches is None:
-            batches = source.train_batches(start_step=start_step)
-        for step in range(start_step + 1, last_step + 1):  # `step` counts the steps done after it.
-            if batch is None or step > start_step + 1:
-                batch = clock.next_batch(batches, step)
-            for hook in hooks:
-                hook.before_step(step)
-            state, step_metrics = train_step_fn(state, batch)
-            for hook in reversed(hooks):
-                hook.after_step(step, state, step_metrics)
-            clock.step_dispatched(step, step_metrics)
-            last = step == plan.total_steps
-            eval_due = schedule.due(step)
-            # MLPerf mode may stop at any evaluation: its steps are log points too.
-            if _due(step, plan.log_every_steps, last) or (mlperf_mode and eval_due):
-                guard.check_losses(records.fetch())
-                if checkpointer is not None:
-                    checkpointer.check_saves()  # A failed background save ends the run now, not later.
-                # For the peer watchdog's message if a process is lost.
-                distributed.report_progress(step, checkpointer.committed_step() if checkpointer else None)
-                records.log_point(step)
-            eval_metrics = None
-            if eval_due:
-                with clock.paused(wait_for=state, step=step):  # Evaluation stays off the training clock.
-                    eval_metrics, stopped = _evaluate_and_track(run, state, step, clock, mlperf, log)
-                    records.evaluation(step, eval_metrics)
-            result.preempted = watcher.reached(step)
-            # Every evaluated state is saved with its metrics: the best evaluation's checkpoint is kept.
-            save_due = (_due(step, plan.checkpoint_every_steps, last) or result.preempted or stopped
-                        or (eval_due and config.checkpoint.keep_best))
-            if checkpointer is not None and save_due:
-                with clock.paused(wait_for=state, step=step, checkpoint=True):  # Off the training clock too.
-                    # A checkpoint never holds a diverged state.
-                    guard.check_losses(records.fetch())
-                    guard.check_state(step, state)
-                    checkpointer.save(step, state, clock.state_dict(), eval_metrics)
-            if result.preempted:
-                log("Preempted (%s) at step %d: %s. Run the same command to resume.", watcher.signal_name,
-                    step,
-                    f"checkpoint saved in {checkpointer.directory}" if checkpointer else
-                    "checkpoints are off (config.checkpoint.enabled), nothing was saved")
-                break
-            if stopped:
-                break
-        clock.pause(wait_for=state)
-        mlperf.run_stop(mlperf_log.ABORTED if result.preempted else None)
-        # A launch that ran no step keeps an existing export (its config.json would record unused settings).
-        ran_a_step = int(state.step) > start_step
-        if (checkpointer is not None and not result.preempted and config.checkpoint.export
+    train_step, compile_sec = run.compile_train_step(state, batch)
+    _log_compiled(log, train_step, compile_sec)
+    return _Launch(run=run, is_writer=is_writer, log=log, state=state, start_step=start_step,
+                   schedule=schedule, report=report, checkpointer=checkpointer, train_step=train_step,
+                   compile_sec=compile_sec, batches=batches, first_batch=batch)
+
+
+class _Checkpoints:
+    """The checkpointer (None: checkpoints off) with the guards it acts on: no diverged state is saved or
+    kept (`divergence.py`), and a preemption is saved and stopped at on every process (`preemption.py`)."""
+
+    def __init__(self, checkpointer: checkpointing.Checkpointer | None, state: steps.TrainState,
+                 start_step: int, config: ml_collections.ConfigDict, log: Callable[..., None]) -> None:
+        self._checkpointer, self._log = checkpointer, log
+        self._export = bool(config.checkpoint.export)
+        self._watcher = preemption.PreemptionWatcher()
+        self._guard = divergence.DivergenceGuard(state, start_step, config.training.max_param_norm_growth,
+                                                 checkpointer)
+
+    def check(self, losses: list[dict[str, float]]) -> None:
+        """At a log point: `DivergenceError` at a non-finite loss, `CheckpointSaveError` if a background
+        save failed (so that a run never trains on for hours believing it is checkpointed)."""
+        self._guard.check_losses(losses)
+        if self._checkpointer is not None:
+            self._checkpointer.check_saves()
+
+    def preempted(self, step: int) -> bool:
+        """Whether every process saves and stops after `step` (a SIGTERM or Ctrl-C came in)."""
+        return self._watcher.reached(step)
+
+    def log_preempted(self, step: int) -> None:
+        """Says where the preempted run stopped and how to resume it."""
+        self._log("Preempted (%s) at step %d: %s. Run the same command to resume.", self._watcher.signal_name,
+                  step, f"checkpoint saved in {self._checkpointer.directory}" if self._checkpointer else
+                  "checkpoints are off (config.checkpoint.enabled), nothing was saved")
+
+    def save(self, step: int, state: steps.TrainState, losses: list[dict[str, float]],
+             clock: Callable[[], dict[str, Any]], eval_metrics: dict[str, float] | None) -> None:
+        """Saves `state` after `step` with `clock()` and the step's evaluation, once the steps' `losses`
+        and the state itself show that it has not diverged."""
+        self._guard.check_losses(losses)
+        self._guard.check_state(step, state)
+        self._checkpointer.save(step, state, clock(), eval_metrics)
+
+    def export(self, state: steps.TrainState, *, ran_a_step: bool, preempted: bool) -> None:
+        """The final parameters to export/ (`checkpoint.export`); a launch that ran no step keeps an existing
+        export (its config.json would record unused settings)."""
+        checkpointer = self._checkpointer
+        if (checkpointer is not None and not preempted and self._export
                 and (ran_a_step or not checkpointer.has_export())):
-            log("Exported the final parameters to %s.", checkpointer.export(state))
-        result.state = state
-        clock.record(int(state.step))
-        result.summary = _summary(run, clock, goodput, result, compiled_lib.flops_per_device(train_step_fn),
-                                  mlperf.summary())
-        if is_writer:
-            _write_summary_and_headline(workdir, result, records.tensorboard_dir, checkpointer)
-    finally:
-        for hook in reversed(hooks):
-            hook.close()  # The MLPerf log's run_stop(aborted) if an error ended the run.
-        watcher.close()
-        if batches is not None:
-            batches.close()  # Ends the input pipeline now, not when the garbage collector frees it.
-        if checkpointer is not None:
-            checkpointer.close()  # Waits for saves under way: nothing started is lost.
-    return result
+            self._log("Exported the final parameters to %s.", checkpointer.export(state))
+
+    def paths(self, preempted: bool) -> dict[str, str]:
+        """Where the checkpoints and weights are, for the closing headline (waits for saves under way)."""
+        if self._checkpointer is None:
+            return {}
+        return self._checkpointer.paths(exported=not preempted and self._export)
+
+    def close_watcher(self) -> None:
+        """SIGTERM and Ctrl-C act as before the run."""
+        self._watcher.close()
+
+    def close(self) -> None:
+        """Waits for saves under way: nothing started is lost."""
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+
+
+def _step_hooks(config: ml_collections.ConfigDict, workdir: str, *, write: bool) -> tuple[StepHook, ...]:
+    """The hooks around each step's dispatch: a profile window (process 0), the bound on steps in flight."""
+    return (profiling.StepWindowProfiler(config.training.profile_steps,
+                                         str(workdir_lib.as_path(workdir) / "tensorboard"), enabled=write),
+            StepsInFlight(MAX_STEPS_AHEAD))
 
 
 def _already_finished(workdir: str, run: training_setup.TrainingSetup, state: steps.TrainState,
@@ -315,30 +390,6 @@ def _already_finished(workdir: str, run: training_setup.TrainingSetup, state: st
                        start_step=step, summary=summary if isinstance(summary, dict) else {})
 
 
-def _open_mlperf_log(run: training_setup.TrainingSetup, workdir: str, clock: metrics_lib.RunClock,
-                     start_step: int, launch_start_wall: float, log: Callable[..., None], *, write: bool
-                     ) -> tuple[mlperf_log.MLPerfLog, mlperf_log.EvalSchedule, int]:
-    """The launch's MLPerf log (init events logged), the evaluation schedule and the last step to train."""
-    config, plan = run.config, run.plan
-    last_step = plan.total_steps
-    if config.mlperf.enabled and clock.mlperf_stop_step is not None:
-        log("This MLPerf-mode run reached MLPerf's target top-1 at step %d and stopped: nothing to train.",
-            clock.mlperf_stop_step)
-        last_step = start_step
-    schedule = mlperf_log.eval_schedule(config, plan)
-    # A launch with nothing left to train adds nothing to the MLPerf log.
-    mlperf = mlperf_log.MLPerfLog(workdir, config, plan, schedule, write=write and start_step < last_step,
-                                  start_step=start_step)
-    device = run.mesh.devices.flat[0]
-    mlperf.init_start(config, f"{run.mesh.size}x{device.device_kind}", launch_start_wall)
-    if config.mlperf.enabled:
-        log("MLPerf mode: evaluations after steps %s (every %d epochs by images seen), a stop at the first "
-            "at or above top-1 %.3f; MLPerf log %s.",
-            ", ".join(map(str, schedule.steps[:3])) + (", ..." if len(schedule.steps) > 3 else ""),
-            config.mlperf.eval_every_epochs, config.mlperf.target_top1, mlperf.path)
-    return mlperf, schedule, last_step
-
-
 def _restore(checkpointer: checkpointing.Checkpointer | None, state: steps.TrainState,
              plan: plan_lib.TrainingPlan, log: Callable[..., None]) -> tuple[steps.TrainState, Any]:
     """The newest checkpoint's state and its record (step, config, clocks), or `state` and None."""
@@ -357,19 +408,6 @@ def _log_compiled(log: Callable[..., None], compiled: Any, compile_sec: float) -
     log("Compiled the train step in %.1fs%s%s.", compile_sec,
         "" if memory is None else f", {memory['total'] / 2**20:.0f} MiB per device",
         f"; compilation cache {cache}" if cache else "")
-
-
-def _write_summary_and_headline(workdir: str, result: TrainResult, tensorboard_dir: str | None,
-                                checkpointer: checkpointing.Checkpointer | None) -> None:
-    """Process 0's end of a run: summary.json, then the closing headline naming where everything is."""
-    paths = {"summary": metrics_lib.write_summary(workdir, result.summary)}
-    if tensorboard_dir:
-        paths["TensorBoard"] = tensorboard_dir
-    if checkpointer is not None:
-        config = result.summary["config"]
-        paths.update(checkpointer.paths(exported=not result.preempted and config["checkpoint"]["export"]))
-    for line in console.headline(result.summary, paths):
-        logger.info("%s", line)
 
 
 def _record_changes_on_resume(workdir: str, saved_meta: dict[str, Any], config: ml_collections.ConfigDict,
@@ -404,6 +442,12 @@ def _abstract(state: steps.TrainState) -> Any:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
 
 
+def _log_headline(summary: dict[str, Any], paths: dict[str, str]) -> None:
+    """Process 0's closing headline, naming where everything is."""
+    for line in console.headline(summary, paths):
+        logger.info("%s", line)
+
+
 def _log_setup(log: Callable[..., None], run: training_setup.TrainingSetup) -> None:
     plan, mesh, config = run.plan, run.mesh, run.config
     device = mesh.devices.flat[0]
@@ -417,106 +461,6 @@ def _log_setup(log: Callable[..., None], run: training_setup.TrainingSetup) -> N
         plan.timing_warmup_steps)
     log("Model: %s, %s parameters, compute dtype %s.", config.model.name, f"{run.num_params:,}",
         config.model.compute_dtype)
-
-
-class _Records(StepHook):
-    """A step hook: each step's metrics kept on the device until a log point; a record per log point and
-    per evaluation, kept in the result and, with `writers` (process 0), logged and written."""
-
-    def __init__(self, result: TrainResult, clock: metrics_lib.RunClock,
-                 writers: metrics_lib.MetricWriters | None) -> None:
-        self._result, self._clock, self._writers = result, clock, writers
-        self._buffer = metrics_lib.MetricsBuffer()
-        self._interval_first_step = result.start_step + 1
-        self.tensorboard_dir = writers.tensorboard_dir if writers is not None else None
-
-    def after_step(self, step: int, state: Any, outputs: Any) -> None:
-        self._buffer.append(step, outputs)
-
-    def fetch(self) -> list[dict[str, float]]:
-        """The steps' metrics not fetched yet (blocks until computed): for the divergence checks."""
-        return self._buffer.fetch()
-
-    def log_point(self, step: int) -> None:
-        """Closes the log interval ending at `step`: its means and timing, as a record."""
-        plan = self._result.plan
-        record = {"step": step, "epoch": plan.epochs_at(step), **self._buffer.mean(),
-                  **self._clock.end_interval(self._interval_first_step, step)}
-        self._interval_first_step = step + 1
-        self._result.train_history.append(record)
-        if self._writers is not None:
-            eta = (plan.total_steps - step) * record.get("sec_per_step", 0.0)
-            logger.info("step %d/%d (epoch %.2f): loss %.4f, top1 %.3f, top5 %.3f, lr %.4g, %.1f images/sec, "
-                        "ETA %s", step, plan.total_steps, record["epoch"], record["loss"], record["top1"],
-                        record["top5"], record["learning_rate"], record.get("images_per_sec", float("nan")),
-                        metrics_lib.format_duration(eta))
-            self._writers.write(step, record)
-
-    def evaluation(self, step: int, eval_metrics: dict[str, float]) -> None:
-        self._result.eval_history.append(eval_metrics)
-        if self._writers is not None:
-            self._writers.write(step, eval_metrics)
-
-    def close(self) -> None:
-        if self._writers is not None:
-            self._writers.close()
-
-
-def _evaluate_and_track(run: training_setup.TrainingSetup, state: steps.TrainState, step: int,
-                        clock: metrics_lib.RunClock, mlperf: mlperf_log.MLPerfLog, log: Callable[..., None]
-                        ) -> tuple[dict[str, float], bool]:
-    """One exact evaluation after `step`, logged, in the MLPerf log and on the clock; and whether the run
-    stops there (MLPerf mode, at its target)."""
-    plan, config, target = run.plan, run.config, run.config.eval.target_top1
-    mlperf.eval_start(step)
-    eval_metrics = {"step": step, **timed_evaluate(run.eval_step, state, run.source)}
-    epoch = plan.epochs_at(step)
-    top1 = eval_metrics["eval_top1"]
-    if clock.evaluated(step, epoch, top1):
-        log("Reached the target top-1 %.4f at step %d (epoch %.2f): %.1fs timed, %.1fs wall.", target, step,
-            epoch, clock.timed_sec(), clock.wall_sec())
-    log("eval at step %d: loss %.4f, top1 %.4f, top5 %.4f over %d images (%.1fs)", step,
-        eval_metrics["eval_loss"], eval_metrics["eval_top1"], eval_metrics["eval_top5"],
-        eval_metrics["eval_count"], eval_metrics["eval_sec"])
-    stops = bool(mlperf.eval_stop(step, top1) and config.mlperf.enabled)
-    if stops:
-        clock.mlperf_stop_step = step
-        log("Reached MLPerf's target top-1 %.4f at epoch %.3f by images seen: the run stops (MLPerf mode).",
-            config.mlperf.target_top1, mlperf.epoch_num(step))
-    return eval_metrics, stops
-
-
-def _summary(run: training_setup.TrainingSetup, clock: metrics_lib.RunClock,
-             goodput: metrics_lib.GoodputRecorder, result: TrainResult,
-             flops_per_device: float | None, mlperf: dict[str, Any]) -> dict[str, Any]:
-    """The run's headline figures in `metrics.summary`'s schema."""
-    plan, mesh = run.plan, run.mesh
-    device = mesh.devices.flat[0]
-    final_step = int(result.state.step)
-    throughput = clock.throughput_summary(final_step)
-    images_per_sec = throughput["images_per_sec"]
-    throughput["images_per_sec_per_device"] = images_per_sec / mesh.size if images_per_sec else None
-    # MFU from the steady-state mean step time (all timed seconds / timed steps), not a percentile.
-    sec_per_step = (throughput["steady_state_sec"] / throughput["steady_state_steps"]
-                    if images_per_sec else None)
-    return metrics_lib.build_summary(
-        run={"devices": mesh.size, "device_kind": device.device_kind, "platform": device.platform,
-             "process_count": jax.process_count(), "global_batch_size": plan.global_batch_size,
-             "per_device_batch_size": plan.per_device_batch_size, "steps_per_epoch": plan.steps_per_epoch,
-             "start_step": result.start_step, "final_step": final_step, "total_steps": plan.total_steps,
-             "timing_warmup_steps": plan.timing_warmup_steps, "preempted": result.preempted},
-        throughput=throughput,
-        time=clock.time_summary(result.compile_sec),
-        accuracy=clock.accuracy_summary(),
-        utilisation=metrics_lib.utilisation(flops_per_device, sec_per_step, mesh.size, device.device_kind),
-        goodput=goodput.summary(),
-        mlperf=mlperf,
-        config=run.config.to_dict())
-
-
-def _due(step: int, every_steps: int, last: bool) -> bool:
-    """Whether a periodic action (log, evaluate, save) runs after `step`: every N steps and at the end."""
-    return last or (every_steps > 0 and step % every_steps == 0)
 
 
 class StepsInFlight(StepHook):

@@ -40,8 +40,8 @@ def _log_of_a_launch_at_the_target(config, workdir):
     without training (an epoch a step: the batch is the training set), with the config's recipe keys."""
     num_devices = config.mesh.num_devices if config.mesh.num_devices > 0 else 8
     plan = plan_lib.derive(config, config.training.global_batch_size, num_devices=num_devices)
-    log = mlperf_log.MLPerfLog(str(workdir), config, plan, mlperf_log.EvalSchedule(plan.total_steps),
-                               write=True)
+    schedule = plan_lib.LoopSchedule(plan.total_steps, plan.log_every_steps)  # One evaluation, at the end.
+    log = mlperf_log.MLPerfLog(str(workdir), config, plan, schedule, write=True)
     log.init_start(config, "1xcpu", time.time())
     log.run_start()
     for step in range(1, plan.total_steps + 1):

@@ -21,6 +21,7 @@ from mlperf_logging.compliance_checker import mlp_compliance
 
 from resnet_scaling import config as config_lib
 from resnet_scaling import metrics, trainer, training_setup
+from resnet_scaling import plan as plan_lib
 from resnet_scaling.data import ArraySource, shapes
 from resnet_scaling.metrics import mlperf_log
 from tests.helpers import data_source, tiny_config
@@ -373,18 +374,18 @@ def test_mlperf_eval_steps_are_the_first_steps_whose_images_reach_every_4th_epoc
     # count): a fixed interval of 156 steps would evaluate the 14th time at epoch 2184 * 32768 / 1281167.
     n, b, total = 1_281_167, 32_768, 3_558
     hand = [next(s for s in range(1, total + 1) if s * b >= 4 * k * n) for k in range(1, 23)]
-    steps = mlperf_log.eval_steps_by_epochs(n, b, 4, total)
+    steps = plan_lib.eval_steps_by_epochs(n, b, 4, total)
     assert list(steps) == [*hand, total]
     assert steps[13] == 2190 and steps[13] * b / n == pytest.approx(56.01, abs=0.01)
     assert 14 * 156 * b / n == pytest.approx(55.86, abs=0.01)
-    assert mlperf_log.eval_steps_by_epochs(256, 40, 1, 39) == (7, 13, 20, 26, 32, 39)
+    assert plan_lib.eval_steps_by_epochs(256, 40, 1, 39) == (7, 13, 20, 26, 32, 39)
 
 
 @pytest.mark.parametrize("every, total, due", [(4, 10, [4, 8, 10]), (0, 6, [6]), (3, 9, [3, 6, 9])])
 def test_eval_schedule_of_the_case_study_evaluates_every_n_steps_and_at_the_end(every, total, due):
-    schedule = mlperf_log.EvalSchedule(total, every_steps=every)
-    assert [s for s in range(1, total + 1) if schedule.due(s)] == due
-    assert [schedule.next_after(s) for s in [0, *due[:-1]]] == due
+    schedule = plan_lib.LoopSchedule(total, log_every_steps=1, eval_every_steps=every)
+    assert [s for s in range(1, total + 1) if schedule.is_eval_step(s)] == due
+    assert [schedule.next_eval_after(s) for s in [0, *due[:-1]]] == due
 
 
 @pytest.mark.parametrize("field, value, says", [

@@ -170,7 +170,8 @@ def test_a_killed_then_preempted_two_process_job_resumes_bit_for_bit_and_evaluat
         assert returncode == 1, killed_output[-3000:]
         errors = [line for line in killed_output.splitlines() if line.startswith("error:")]
         assert errors == [killed_output.rstrip("\n").splitlines()[-1]], killed_output[-3000:]
-        assert re.match(r"error: process 1 of 2 stopped responding \(lost at about step \d+\): no sign of "
+        # No "(lost at about step N)": the trainer reports no progress to the watchdog.
+        assert re.match(r"error: process 1 of 2 stopped responding: no sign of "
                         rf"life for {PEER_TIMEOUT_SEC} s .* run the same command to resume from the last "
                         r"complete checkpoint", errors[0])
         assert "Terminating process" not in killed_output  # JAX's C++ abort did not come first.

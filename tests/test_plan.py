@@ -95,3 +95,36 @@ def test_synthetic_eval_counts_every_example_once_whatever_the_step_count():
     masks = [np.asarray(b["mask"]) for b in source.eval_batches()]
     assert len(masks) == plan.batch_plan_for_mesh(config, m).eval_steps(37) == 3
     assert sum(int(mask.sum()) for mask in masks) == 37
+
+
+def test_the_loop_schedule_logs_evaluates_and_saves_every_n_steps_and_at_the_end():
+    schedule = plan.LoopSchedule(total_steps=10, log_every_steps=3, eval_every_steps=4,
+                                 checkpoint_every_steps=5, checkpoints=True)
+    steps = range(1, 11)
+    assert [s for s in steps if schedule.is_log_step(s)] == [3, 6, 9, 10]
+    assert [s for s in steps if schedule.is_eval_step(s)] == [4, 8, 10]
+    assert [s for s in steps if schedule.is_save_step(s)] == [5, 10]
+    # A preemption or an MLPerf stop saves at once; keep_best saves every evaluated state.
+    assert schedule.is_save_step(2, preempted=True) and schedule.is_save_step(2, stopped=True)
+    keep_best = plan.LoopSchedule(10, 3, eval_every_steps=4, checkpoint_every_steps=5, checkpoints=True,
+                                  save_evaluated=True)
+    assert [s for s in steps if keep_best.is_save_step(s)] == [4, 5, 8, 10]
+    # Checkpoints off: nothing is ever saved.
+    off = plan.LoopSchedule(10, 3, checkpoint_every_steps=5)
+    assert not any(off.is_save_step(s, preempted=True, stopped=True) for s in steps)
+    assert schedule.last_step(start_step=4, target_reached_at=3) == 10  # Not MLPerf mode: no stop.
+
+
+def test_mlperf_mode_evaluates_by_epochs_logs_at_each_evaluation_and_trains_nothing_after_its_target():
+    config = tiny_config(mlperf__enabled=True, mlperf__eval_every_epochs=1, training__log_every_steps=5,
+                         training__num_train_steps=None, training__num_epochs=3.0)
+    validate(config, 8)
+    p = plan.derive(config, 100, num_devices=8)  # 16 images a step: epochs end in steps 7, 13 and 19.
+    schedule = plan.loop_schedule(config, p)
+    assert p.total_steps == 19 and schedule.eval_after_steps == (7, 13, 19)
+    assert [s for s in range(1, 20) if schedule.is_eval_step(s)] == [7, 13, 19]
+    assert [s for s in range(1, 20) if schedule.is_log_step(s)] == [5, 7, 10, 13, 15, 19]
+    assert [schedule.next_eval_after(s) for s in (0, 7, 12, 13)] == [7, 13, 13, 19]
+    assert schedule.stop_at_target
+    assert schedule.last_step(start_step=7) == 19
+    assert schedule.last_step(start_step=7, target_reached_at=7) == 7  # Reached before: nothing to train.

@@ -95,3 +95,11 @@ def test_the_synthetic_path_trains_without_tensorflow(tmp_path):
                           timeout=300)
     assert proc.returncode == 0 and "trained without tensorflow" in proc.stdout, proc.stderr[-3000:]
     assert "TensorBoard summaries off" in proc.stderr  # Asked for, and declined with a warning.
+
+
+def test_the_loop_reports_nothing_to_the_multi_process_job():
+    # The dead-peer message reads the newest checkpoint from disk: no progress side channel from the loop.
+    from tests.test_imports import import_graph
+
+    edges, _ = import_graph()
+    assert "resilience/" not in edges["trainer.py"] | edges["metrics/"], edges["trainer.py"]

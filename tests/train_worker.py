@@ -20,6 +20,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from resnet_scaling import mesh, trainer  # noqa: E402
+from resnet_scaling.metrics import run_report  # noqa: E402
 from resnet_scaling.resilience import distributed
 from tests.helpers import random_arrays, tiny_config  # noqa: E402
 
@@ -66,22 +67,21 @@ def hold_at(step_at_least: int, hold_dir: pathlib.Path) -> None:
     """At the first logged step >= `step_at_least`, writes HOLD_DIR/held-<process> (holding the step) and
     waits until HOLD_DIR/release-<process> exists: a test sends its signal at a known step, however late it
     reads the log. Background work (asynchronous saves) goes on meanwhile."""
-    report = distributed.report_progress  # The trainer calls it at every logged step, on every process.
+    log_point = run_report.RunReport.log_point  # The trainer calls it at every log point, on every process.
     held = []
 
-    def report_and_hold(step, checkpoint_step=None):
-        report(step, checkpoint_step)
-        if held or step < step_at_least:
-            return
-        held.append(step)
-        index = jax.process_index()
-        marker = hold_dir / f"held-{index}"
-        marker.with_suffix(".tmp").write_text(str(step))
-        marker.with_suffix(".tmp").rename(marker)  # Never seen half written.
-        while not (hold_dir / f"release-{index}").exists():
-            time.sleep(0.05)
+    def hold_then_log(report, step):
+        if not held and step >= step_at_least:
+            held.append(step)
+            index = jax.process_index()
+            marker = hold_dir / f"held-{index}"
+            marker.with_suffix(".tmp").write_text(str(step))
+            marker.with_suffix(".tmp").rename(marker)  # Never seen half written.
+            while not (hold_dir / f"release-{index}").exists():
+                time.sleep(0.05)
+        log_point(report, step)
 
-    distributed.report_progress = report_and_hold
+    run_report.RunReport.log_point = hold_then_log
 
 
 def main() -> None:

@@ -221,7 +221,8 @@ class Checkpointer:
     def save(self, step: int, state: Any, clock: dict[str, float],
              eval_metrics: dict[str, float] | None = None) -> None:
         """Starts saving `state` at `step` (returns once the arrays are off the device), with each array's
-        fingerprint (verified on restore) and the step's evaluation (which ranks the best).
+        fingerprint (verified on restore) and the step's evaluation (which ranks the best). When to save
+        is the caller's to decide (`plan.LoopSchedule.is_save_step`).
 
         Raises:
           CheckpointSaveError: an earlier background save failed, or this one could not start.
@@ -236,6 +237,9 @@ class Checkpointer:
         # Empty metrics rank as never best (`best_metric`); none at all would make orbax warn at every save.
         evaluated = eval_metrics if self._config.checkpoint.keep_best else None
         metrics = {k: float(v) for k, v in (evaluated or {}).items() if k in ("eval_top1", "eval_loss")}
+        # force: the run's `plan.LoopSchedule` decided to save. orbax's save-decision policies cover the
+        # interval, but not the last step or each evaluation, and their preemption policy reads only JAX's
+        # multi-process sync point, not a single process's SIGTERM: they would save other steps.
         try:
             self._manager.save(step, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),

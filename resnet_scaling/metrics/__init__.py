@@ -10,7 +10,8 @@
 | `utilisation.py` | achieved TFLOP/s per device, MFU against the peak rates of hardware.py |
 | `writers.py` | JSON lines, TensorBoard event files, console durations |
 | `summary.py` | `summary.json`: the headline figures of a run and its config |
-| `mlperf_log.py` | WORKDIR/mlperf_log.txt through mllog, MLPerf's clock, MLPerf mode's evaluations |
+| `mlperf_log.py` | WORKDIR/mlperf_log.txt through mllog, MLPerf's clock, its blocks, epochs and evaluations |
+| `run_report.py` | a launch's accounts for the loop: clock, records, goodput, writers, MLPerf log, summary |
 | `profiling.py` | a `jax.profiler` trace of a window of steps, for TensorBoard's Profile tab |
 """
 
@@ -19,6 +20,7 @@ from resnet_scaling.metrics.accuracy import MLPERF_TARGET_TOP1, TimeToAccuracy
 from resnet_scaling.metrics.device import MetricsBuffer, summarize_eval
 from resnet_scaling.metrics.goodput import GoodputRecorder, goodput_summary
 from resnet_scaling.metrics.run_clock import RunClock
+from resnet_scaling.metrics.run_report import RunReport
 from resnet_scaling.metrics.summary import (
     SUMMARY_SCHEMA,
     SUMMARY_SCHEMA_VERSION,
@@ -40,6 +42,7 @@ __all__ = [
     "GoodputRecorder",
     "MetricsBuffer",
     "RunClock",
+    "RunReport",
     "SteadyStateThroughput",
     "TensorBoardWriter",
     "ThroughputTimer",

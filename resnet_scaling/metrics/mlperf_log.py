@@ -11,8 +11,8 @@ evaluations, and `run_stop` (`status`: success at or above `mlperf.target_top1`,
 mode right at that evaluation, otherwise at the run's end or early stop (preemption, an error).
 
 Epochs count images seen: step s is in the epoch of its first image; an epoch stops after the step whose
-images reach its end. A block holds the steps between two evaluations (in MLPerf mode, whole epochs:
-`EvalSchedule`). Every value goes through `host_value`.
+images reach its end. A block holds the steps between two evaluations (the run's `plan.LoopSchedule`; in
+MLPerf mode, whole epochs). Every value goes through `host_value`.
 
 A resumed launch appends a second `init_start` ... `run_start`: the checker refuses such a log (MLPerf
 times a run without restarts).
@@ -20,7 +20,6 @@ times a run without restarts).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import pathlib
@@ -62,51 +61,6 @@ def host_value(value: Any) -> Any:
         return np.asarray(value).item()
     raise TypeError(f"An MLPerf log value must be a host scalar, string or None, got {type(value).__name__} "
                     f"{value!r}.")
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalSchedule:
-    """The steps after which a run evaluates: every `every_steps` steps (0: never) and after the last step,
-    or, where `steps` is given (MLPerf mode), exactly those."""
-
-    total_steps: int
-    every_steps: int = 0
-    steps: tuple[int, ...] | None = None
-
-    def due(self, step: int) -> bool:
-        """Whether an evaluation follows `step`."""
-        if self.steps is not None:
-            return step in self.steps
-        return step == self.total_steps or (self.every_steps > 0 and step % self.every_steps == 0)
-
-    def next_after(self, step: int) -> int:
-        """The first step after `step` that an evaluation follows (the last step at the latest)."""
-        if self.steps is not None:
-            return next((s for s in self.steps if s > step), self.total_steps)
-        if self.every_steps <= 0:
-            return self.total_steps
-        return min(self.total_steps, (step // self.every_steps + 1) * self.every_steps)
-
-
-def eval_steps_by_epochs(num_train_examples: int, global_batch_size: int, every_epochs: int,
-                         total_steps: int) -> tuple[int, ...]:
-    """MLPerf's evaluation points: after the first step whose images reach each multiple of `every_epochs`
-    epochs (`ceil(k * every_epochs * examples / batch)`), and after the last step."""
-    steps = []
-    k = 1
-    while (step := -(-k * every_epochs * num_train_examples // global_batch_size)) < total_steps:
-        steps.append(step)
-        k += 1
-    return (*steps, total_steps)
-
-
-def eval_schedule(config: ml_collections.ConfigDict, plan: plan_lib.TrainingPlan) -> EvalSchedule:
-    """MLPerf mode: every `mlperf.eval_every_epochs` epochs by images seen; else the plan's interval."""
-    if config.mlperf.enabled:
-        return EvalSchedule(plan.total_steps, steps=eval_steps_by_epochs(
-            plan.num_train_examples, plan.global_batch_size, int(config.mlperf.eval_every_epochs),
-            plan.total_steps))
-    return EvalSchedule(plan.total_steps, every_steps=plan.eval_every_steps)
 
 
 def _warmup_epochs(config: ml_collections.ConfigDict, plan: plan_lib.TrainingPlan) -> float:
@@ -178,7 +132,7 @@ class MLPerfLog:
     """One launch's MLPerf log and MLPerf's clock (run_start to run_stop, in the log's own milliseconds)."""
 
     def __init__(self, workdir: str, config: ml_collections.ConfigDict, plan: plan_lib.TrainingPlan,
-                 schedule: EvalSchedule, *, write: bool, start_step: int = 0) -> None:
+                 schedule: plan_lib.LoopSchedule, *, write: bool, start_step: int = 0) -> None:
         self.path = os.path.join(workdir, MLPERF_LOG_FILENAME)
         self._plan, self._schedule = plan, schedule
         self._mode = bool(config.mlperf.enabled)
@@ -235,7 +189,7 @@ class MLPerfLog:
         """Opens a block after run_start or an evaluation, and the epoch of `step` if none is open."""
         if self._block is None:
             first = self._epoch_of(step)
-            self._block = (first, self._epoch_of(self._schedule.next_after(step - 1)) - first + 1)
+            self._block = (first, self._epoch_of(self._schedule.next_eval_after(step - 1)) - first + 1)
             self._emit("start", mlc.BLOCK_START, metadata=self._block_metadata())
         if self._epoch is None:
             self._epoch = self._epoch_of(step)
@@ -245,7 +199,7 @@ class MLPerfLog:
         first, count = self._block
         return {mlc.FIRST_EPOCH_NUM: first, mlc.EPOCH_COUNT: count}
 
-    def after_step(self, step: int, state: Any = None, outputs: Any = None) -> None:
+    def after_step(self, step: int) -> None:
         """Closes the epoch whose last step `step` was."""
         if self._epoch is not None and self._epoch_of(step + 1) != self._epoch:
             self._close_epoch()
