@@ -9,7 +9,7 @@ import jax
 import orbax.checkpoint as ocp
 import pytest
 
-from resnet_scaling.resilience import distributed
+from resnet_scaling import distributed
 
 
 class _FakeStore:

@@ -19,8 +19,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from resnet_scaling import mesh, trainer  # noqa: E402
-from resnet_scaling.resilience import distributed
+from resnet_scaling import distributed, mesh, trainer  # noqa: E402
 from tests.helpers import random_arrays, tiny_config  # noqa: E402
 
 
@@ -93,7 +92,7 @@ def main() -> None:
     parser.add_argument("--process_id", type=int, default=0)
     parser.add_argument("--coordinator", default="")
     parser.add_argument("--peer_timeout_sec", type=float, default=None,
-                        help="Join through resilience.distributed, as train.py does, with its peer "
+                        help="Join through resnet_scaling.distributed, as train.py does, with its peer "
                              "watchdog and this timeout (default: plain jax.distributed.initialize).")
     parser.add_argument("--num_eval", type=int, default=20, help="Evaluation images.")
     parser.add_argument("--record_eval", default="",
