@@ -1,19 +1,12 @@
-"""Multi-process start-up: `jax.distributed.initialize()` when this process is one of several, else nothing.
+"""The multi-process job: joining it, watching its peers, leaving it; one `error:` line when it fails.
 
-A job is multi-process when (first match wins):
-1. `--coordinator_address/--num_processes/--process_id`, or RESNET_SCALING_COORDINATOR /
-   RESNET_SCALING_NUM_PROCESSES / RESNET_SCALING_PROCESS_ID (launch/local.py sets these), or
-   JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID;
-2. SLURM_NTASKS > 1, each process started by srun (`_slurm_settings`);
-3. a Cloud TPU pod slice (TPU_WORKER_HOSTNAMES lists several hosts; GKE sets it) or multislice job
-   (MEGASCALE_COORDINATOR_ADDRESS): JAX finds its peers itself;
-4. RESNET_SCALING_DISTRIBUTED=auto (launch/tpu_vm.sh sets it): JAX auto-detects any cluster it knows.
-RESNET_SCALING_DISTRIBUTED=off forces a single process.
-
-A job that does not form within `initialization_timeout_sec`, or later loses a process (kill -9, the
-out-of-memory killer, a lost host) for RESNET_SCALING_PEER_TIMEOUT_SEC (default 60; 0: off), ends each
-remaining process with one `error:` line naming the missing one and status 1 (80 s after a death by
-default), not a hang or a C++ abort. Running the same command again resumes from the last complete checkpoint.
+`detect` finds the job: flags or RESNET_SCALING_* / JAX_* variables (launch/local.py), SLURM tasks started by
+srun, a Cloud TPU pod slice or multislice job, or RESNET_SCALING_DISTRIBUTED=auto; =off forces one process.
+A job that does not form within `initialization_timeout_sec`, or later loses a process other than 0 (kill -9,
+the out-of-memory killer, a lost host) for RESNET_SCALING_PEER_TIMEOUT_SEC (default 60; 0: off), ends each
+remaining process with one `error:` line naming the missing one and status 1, within the bounds of
+`PeerTiming`, instead of a hang or JAX's C++ abort. When process 0 dies, JAX aborts the others within about
+0.2 s, before any Python code can speak. Imports nothing of the library; measurements: launch/README.md.
 """
 
 from __future__ import annotations
@@ -42,39 +35,56 @@ import orbax.checkpoint as ocp
 logger = logging.getLogger(__name__)
 
 DEFAULT_INITIALIZATION_TIMEOUT_SEC = 300
+DEFAULT_PEER_TIMEOUT_SEC = 60
 ENV_COORDINATOR = "RESNET_SCALING_COORDINATOR"
 ENV_NUM_PROCESSES = "RESNET_SCALING_NUM_PROCESSES"
 ENV_PROCESS_ID = "RESNET_SCALING_PROCESS_ID"
 ENV_MODE = "RESNET_SCALING_DISTRIBUTED"  # "auto" or "off"
-ENV_BIND_ADDRESS = "JAX_COORDINATOR_BIND_ADDRESS"  # read by jax.distributed.initialize itself
-# JAX is given this much longer than our own deadline, so that the watchdog below speaks first.
-_JAX_TIMEOUT_MARGIN_SEC = 10
-DEFAULT_PEER_TIMEOUT_SEC = 60
 ENV_PEER_TIMEOUT = "RESNET_SCALING_PEER_TIMEOUT_SEC"
-# Keys of the peer watchdog in the coordination service's key-value store.
-_WATCH_PREFIX = "resnet_scaling/peer_watch/"
-# Set by JAX's preemption sync manager when a process got SIGTERM (XLA's preemption_sync_manager.cc;
-# read back with jax 0.10.2): the job is stopping.
+ENV_BIND_ADDRESS = "JAX_COORDINATOR_BIND_ADDRESS"  # Read by jax.distributed.initialize itself.
+_WATCH_PREFIX = "resnet_scaling/peer_watch/"  # The peer watch's keys in the coordination service.
+# Written by XLA's preemption sync manager (preemption_sync_manager.cc) into the coordination service when
+# any process got SIGTERM. An internal name, kept because no public API tells a thread other than the
+# trainer's that the job is stopping (`reached_preemption_sync_point` is the trainer's own, and calling it
+# elsewhere would move its sync point). Should a jaxlib rename it, the watch keeps the full peer timeout.
 JAX_PREEMPTION_NOTICE_KEY = "RECEIVED_PREEMPTION_NOTICE"
-# Once the job is stopping, a peer silent this long is dead: live ones beat every STOPPING_POLL_SEC until
-# they leave (`PeerWatchdog.stop`). Short enough to speak within SLURM's default KillWait (30 s), when srun
-# --kill-on-bad-exit SIGTERMs the survivors of a dead task.
-STOPPING_PEER_TIMEOUT_SEC = 10.0
-STOPPING_POLL_SEC = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerTiming:
+    """Every duration of the peer watch, from the peer timeout T (`for_timeout`); values for T = 60 s."""
+
+    timeout_sec: float  # T: a peer silent this long is lost.
+    poll_sec: float  # T/10 within 0.5-5 s (5): how often each process beats and reads the others' beats.
+    # T + 4 polls (80): the latest a survivor exits after a death. The death comes up to a poll after the
+    # last beat and is seen up to a poll late; process 0 serves 2 more polls, for 3+ processes to read it.
+    exit_bound_sec: float
+    # min(T, 10) (10) and 0.5 s, once the job is stopping (a preemption notice, a failure here).
+    stopping_timeout_sec: float
+    stopping_poll_sec: float
+    # A poll + the stopping timeout + 2 stopping polls (16): within SLURM's default KillWait of 30 s.
+    stopping_exit_bound_sec: float
+    # 2 x (exit bound + margin) (180). JAX counts a peer dead that long after its last heartbeat and beats
+    # every half of it, so it may abort half of it after a death: after our line.
+    jax_heartbeat_timeout_sec: int
+    jax_margin_sec: int  # 10: JAX's own deadlines (joining, heartbeats) come this much after ours.
+
+    @classmethod
+    def for_timeout(cls, timeout_sec: float) -> PeerTiming:
+        """The table for a peer timeout of `timeout_sec` (0: no watch; only the margin is used)."""
+        poll = min(5.0, max(0.5, timeout_sec / 10))
+        stopping_timeout, stopping_poll, margin = min(timeout_sec, 10.0), 0.5, 10
+        bound = timeout_sec + 4 * poll
+        return cls(timeout_sec, poll, bound, stopping_timeout, stopping_poll,
+                   poll + stopping_timeout + 2 * stopping_poll, 2 * (math.ceil(bound) + margin), margin)
 
 
 @dataclasses.dataclass(frozen=True)
 class DistributedSettings:
-    """How this process joins a multi-process job; None fields are left to JAX's cluster detection.
+    """How this process joins a multi-process job (None: left to JAX's cluster detection); `reason` says
+    what made it multi-process, `peer_watchdog` is the watch `maybe_initialize` started."""
 
-    Attributes:
-      coordinator_address: "host:port" of process 0's coordinator service.
-      process_id: this process's index in [0, num_processes).
-      reason: what said the job is multi-process (for the log and error messages).
-      peer_watchdog: the watchdog `maybe_initialize` started, if any.
-    """
-
-    coordinator_address: str | None
+    coordinator_address: str | None  # "host:port" of process 0's coordinator service.
     num_processes: int | None
     process_id: int | None
     reason: str
@@ -82,17 +92,12 @@ class DistributedSettings:
 
 
 def _first(env: Mapping[str, str], *names: str) -> str | None:
-    for name in names:
-        if env.get(name):
-            return env[name]
-    return None
+    return next((env[name] for name in names if env.get(name)), None)
 
 
 def _as_int(value: str | int | None, name: str) -> int | None:
-    if value is None or isinstance(value, int):
-        return value
     try:
-        return int(value)
+        return value if value is None or isinstance(value, int) else int(value)
     except ValueError:
         raise ValueError(f"{name} must be an integer, got {value!r}.") from None
 
@@ -101,13 +106,11 @@ def detect(coordinator_address: str | None = None, num_processes: int | None = N
            process_id: int | None = None, env: Mapping[str, str] | None = None
            ) -> DistributedSettings | None:
     """Decides whether this process is one of several and how it finds the others (None: it is alone).
-
-    Args:
-      coordinator_address, num_processes, process_id: explicit settings (flags); win over the environment.
+    Explicit settings (flags) win over the environment.
 
     Raises:
-      ValueError: explicit settings that are incomplete or inconsistent, a non-integer count or id, or a
-        SLURM task that srun did not start.
+      ValueError: explicit settings incomplete or inconsistent, a non-integer count or id, or a SLURM task
+        that srun did not start.
     """
     env = os.environ if env is None else env
     mode = env.get(ENV_MODE, "").lower()
@@ -141,16 +144,13 @@ def detect(coordinator_address: str | None = None, num_processes: int | None = N
         return DistributedSettings(None, None, None, f"Cloud TPU pod slice with {len(hosts)} workers")
     if env.get("MEGASCALE_COORDINATOR_ADDRESS"):
         return DistributedSettings(None, None, None, "Cloud TPU multislice job")
-    if mode == "auto":
-        return DistributedSettings(None, None, None, f"{ENV_MODE}=auto")
-    return None
+    return DistributedSettings(None, None, None, f"{ENV_MODE}=auto") if mode == "auto" else None
 
 
 def _slurm_settings(env: Mapping[str, str], num_tasks: int) -> DistributedSettings:
-    """The job as SLURM's variables describe it, with JAX's own coordinator rule made explicit so the log
-    shows it and process 0 can check its port: the step's first node, port 61440 + job id % 4096 or
-    JAX_COORDINATOR_PORT (jax/_src/clusters/slurm_cluster.py). JAX still detects SLURM for the rest (each
-    task's GPU is its SLURM_LOCALID).
+    """The job by JAX's own SLURM rule, made explicit so the log shows it and process 0 can check its port:
+    the step's first node, port 61440 + job id % 4096 or JAX_COORDINATOR_PORT. JAX still detects SLURM for
+    the rest (each task's GPU is its SLURM_LOCALID).
 
     Raises:
       ValueError: srun did not start this process (the batch script, an salloc shell): no peers would come.
@@ -168,44 +168,34 @@ def _slurm_settings(env: Mapping[str, str], num_tasks: int) -> DistributedSettin
                                f"SLURM job {job} with {num_tasks} tasks")
 
 
+def _is_srun_step(env: Mapping[str, str]) -> bool:
+    return bool(env.get("SLURM_JOB_ID") and env.get("SLURM_STEP_ID") and env.get("SLURM_STEP_NODELIST"))
+
+
 def _split_address(address: str) -> tuple[str, int]:
     """("host", port) of "host:port" or "[v6 address]:port"."""
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
 
 
-def _is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def coordinator_bind_address(coordinator_address: str | None, env: Mapping[str, str]) -> str | None:
-    """Where process 0's coordinator listens; None leaves it to JAX (every interface, `[::]:PORT`).
-
-    Measured with jax 0.10.2. A loopback coordinator address (launch/local.py: 127.0.0.1) binds to itself
-    only, out of reach of other machines. JAX_COORDINATOR_BIND_ADDRESS, when set, wins."""
+    """Where process 0's coordinator listens: JAX_COORDINATOR_BIND_ADDRESS when set, a loopback coordinator
+    address itself (out of reach of other machines), else None (JAX's default, every interface)."""
     if env.get(ENV_BIND_ADDRESS):
         return env[ENV_BIND_ADDRESS]
-    if coordinator_address and _is_loopback(_split_address(coordinator_address)[0]):
-        return coordinator_address
-    return None
+    host = _split_address(coordinator_address)[0] if coordinator_address else ""
+    try:
+        loopback = host.lower() == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    return coordinator_address if loopback else None
 
 
 def check_coordinator_port(coordinator_address: str, bind_address: str | None, *,
                            slurm: bool = False) -> None:
-    """Raises if something already listens at the coordinator address or holds the port process 0 binds.
-
-    gRPC does not report a port in use: the process dies with SIGSEGV (jax 0.10.2), or, if the holder set
-    SO_REUSEPORT too (another JAX job of this user), two jobs meet at one service. A non-listening
-    SO_REUSEPORT socket (launch/local.py holding the port it chose) does not count.
-
-    Raises:
-      RuntimeError: naming the address and what to do.
-    """
+    """Raises RuntimeError, naming the address and what to do, if something already listens at the
+    coordinator address or holds the port process 0 binds: gRPC would crash, or share the port with another
+    job. A non-listening SO_REUSEPORT socket (launch/local.py holding the port it chose) does not count."""
     host, port = _split_address(coordinator_address)
     choose = ("set JAX_COORDINATOR_PORT to a free port for every task of the job (JAX's default under SLURM "
               "is 61440 + job id % 4096)" if slurm else "choose another port for --coordinator_address "
@@ -213,8 +203,7 @@ def check_coordinator_port(coordinator_address: str, bind_address: str | None, *
     advice = (f"Another program, or another job's coordinator, is using that port: {choose}, or stop that "
               "program.")
     try:
-        with socket.create_connection((host, port), timeout=1.0):
-            pass
+        socket.create_connection((host, port), timeout=1.0).close()
     except OSError:
         pass  # Nothing accepts connections there: the expected case.
     else:
@@ -244,17 +233,68 @@ def check_coordinator_port(coordinator_address: str, bind_address: str | None, *
                 return  # Another problem (no IPv6, say): JAX will report it.
 
 
+def wait_for_coordinator(address: str, timeout_sec: float, poll_sec: float = 1.0) -> None:
+    """Returns once a TCP connection to `address` ("host:port") succeeds; a process other than 0 checks
+    this before joining, where XLA's client would abort it blaming "another task".
+
+    Raises:
+      RuntimeError: nothing accepted connections at `address` within `timeout_sec`.
+    """
+    host, port = _split_address(address)
+    deadline = time.monotonic() + timeout_sec
+    while True:
+        try:
+            socket.create_connection((host or "localhost", port), timeout=min(poll_sec * 2, 5.0)).close()
+            return
+        except OSError as e:
+            error = e
+        if time.monotonic() >= deadline:
+            raise RuntimeError(
+                f"Could not reach the coordinator at {address} within {timeout_sec:g} s ({error}). Check "
+                "that process 0 is running and listening there (host, port, firewall), and that every "
+                "process was given the same coordinator address.")
+        time.sleep(poll_sec)
+
+
+def stop_srun_step_peers(env: Mapping[str, str]) -> None:
+    """Process 0 of an srun step that cannot start the job ends the step's other tasks now (SIGTERM), which
+    would otherwise wait out the initialisation timeout; it ignores the signal and exits with its own line."""
+    if not _is_srun_step(env) or shutil.which("scancel") is None:
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    step = f"{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"
+    try:
+        subprocess.run(["scancel", "--signal=TERM", step], capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError) as e:
+        logger.debug("Could not cancel step %s: %s", step, e)
+
+
+def resolve_peer_timeout_sec(value: float | None = None, env: Mapping[str, str] | None = None) -> float:
+    """The peer timeout: `value`, else RESNET_SCALING_PEER_TIMEOUT_SEC, else 60 s; 0 turns the watch off.
+
+    Raises:
+      ValueError: a negative or non-numeric value.
+    """
+    text = (os.environ if env is None else env).get(ENV_PEER_TIMEOUT, "")
+    if value is None:
+        try:
+            value = float(text) if text else DEFAULT_PEER_TIMEOUT_SEC
+        except ValueError:
+            raise ValueError(f"{ENV_PEER_TIMEOUT} must be a number of seconds, got {text!r}.") from None
+    if value < 0:
+        raise ValueError(f"The peer timeout must be >= 0 seconds (0 turns the watch off), got {value:g}.")
+    return float(value)
+
+
 def did_not_form_message(settings: DistributedSettings, timeout_sec: float) -> str:
     """What to tell the user when the job's processes did not all connect within `timeout_sec`."""
     where = settings.coordinator_address or "the address JAX detected"
     num, index = settings.num_processes, settings.process_id
     job = f"the {num}-process job" if num else "the job"
     if index == 0 and num:
-        if num == 2:
-            missing, them, their = "process 1", "it", "its"
-        else:
-            missing, them, their = (f"at least one of processes 1..{num - 1} (JAX does not say which)",
-                                    "each of them", "their")
+        missing, them, their = (("process 1", "it", "its") if num == 2 else
+                                (f"at least one of processes 1..{num - 1} (JAX does not say which)",
+                                 "each of them", "their"))
         return (f"{missing} never connected to the coordinator at {where} within {timeout_sec:g} s (this is "
                 f"process 0 of {job}, which hosts the coordinator). Start {them} with the same coordinator "
                 f"address and process count, or read {their} output for why it did not start or could not "
@@ -269,193 +309,23 @@ def did_not_form_message(settings: DistributedSettings, timeout_sec: float) -> s
             "(a process that crashed or never started is the usual cause); then start the job again.")
 
 
-def _exit_with_error(message: str, linger_sec: float = 0.0) -> None:
-    """Writes `error: message` and ends the process `linger_sec` later, from any thread: the main thread
-    may be blocked in C++ (joining, a collective, JAX's shutdown barrier), where nothing else would stop it
-    before JAX's abort."""
-    sys.stdout.flush()
-    sys.stderr.write(f"error: {message}\n")
-    sys.stderr.flush()
-    if linger_sec:
-        time.sleep(linger_sec)
-    os._exit(1)
-
-
-class _JoinWatchdog:
-    """Ends the process with one `error:` line if the job has not formed by a deadline.
-
-    At its own, longer timeout JAX's C++ client aborts every waiting process, uncatchably (SIGABRT, a C++
-    stack trace, "DEADLINE_EXCEEDED ... RegisterTask"): this thread speaks first."""
-
-    def __init__(self, timeout_sec: float, message: str) -> None:
-        self._message = message
-        self._lock = threading.Lock()
-        self._finished = threading.Event()
-        self._thread = threading.Thread(target=self._watch, args=(timeout_sec,), name="join-watchdog",
-                                        daemon=True)
-        self._thread.start()
-
-    def _watch(self, timeout_sec: float) -> None:
-        if self._finished.wait(timeout_sec):
-            return
-        with self._lock:
-            if self._finished.is_set():
-                return
-            _exit_with_error(self._message)
-
-    def cancel(self) -> None:
-        with self._lock:
-            self._finished.set()
-
-
-def wait_for_coordinator(address: str, timeout_sec: float, poll_sec: float = 1.0) -> None:
-    """Returns once a TCP connection to `address` ("host:port") succeeds.
-
-    Else XLA's client aborts a non-zero process (SIGABRT) blaming "another task", hiding the cause.
-
-    Raises:
-      RuntimeError: nothing accepted connections at `address` within `timeout_sec`.
-    """
-    host, port = _split_address(address)
-    host = host or "localhost"
-    deadline = time.monotonic() + timeout_sec
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=min(poll_sec * 2, 5.0)):
-                return
-        except OSError as e:
-            error = e
-        if time.monotonic() >= deadline:
-            raise RuntimeError(
-                f"Could not reach the coordinator at {address} within {timeout_sec:g} s ({error}). Check "
-                "that process 0 is running and listening there (host, port, firewall), and that every "
-                "process was given the same coordinator address.")
-        time.sleep(poll_sec)
-
-
-def _is_srun_step(env: Mapping[str, str]) -> bool:
-    return bool(env.get("SLURM_JOB_ID") and env.get("SLURM_STEP_ID") and env.get("SLURM_STEP_NODELIST"))
-
-
-def stop_srun_step_peers(env: Mapping[str, str]) -> None:
-    """Process 0 of an srun step that cannot start the job: ends the step's other tasks now (SIGTERM).
-
-    Plain srun leaves them waiting out the initialisation timeout (SLURM 22.05: process 1 waited 300 s after
-    process 0's error). This process ignores the signal: it exits with its own error line."""
-    if not _is_srun_step(env) or shutil.which("scancel") is None:
-        return
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    step = f"{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"
-    try:
-        subprocess.run(["scancel", "--signal=TERM", step], capture_output=True, timeout=30, check=False)
-    except (OSError, subprocess.SubprocessError) as e:
-        logger.debug("Could not cancel step %s: %s", step, e)
-
-
-def resolve_peer_timeout_sec(value: float | None = None, env: Mapping[str, str] | None = None) -> float:
-    """How long a silent peer is given before the job counts it as lost: `value` when given, else
-    RESNET_SCALING_PEER_TIMEOUT_SEC, else 60 s. 0 turns the peer watchdog off.
-
-    Raises:
-      ValueError: a negative or non-numeric value.
-    """
-    env = os.environ if env is None else env
-    if value is None:
-        text = env.get(ENV_PEER_TIMEOUT, "")
-        try:
-            value = float(text) if text else DEFAULT_PEER_TIMEOUT_SEC
-        except ValueError:
-            raise ValueError(f"{ENV_PEER_TIMEOUT} must be a number of seconds, got {text!r}.") from None
-    if value < 0:
-        raise ValueError(f"The peer timeout must be >= 0 seconds (0 turns the watch off), got {value:g}.")
-    return float(value)
-
-
-def peer_poll_sec(timeout_sec: float) -> float:
-    """How often the peer watchdog beats and looks at the others: a tenth of the timeout, 0.5 to 5 s."""
-    return min(5.0, max(0.5, timeout_sec / 10))
-
-
-def stopping_exit_bound_sec(timeout_sec: float) -> float:
-    """The longest a survivor takes to name a peer that died once the job is stopping (a preemption
-    notice, or a failure in this process): the peer's last beat, seen up to a normal poll before its
-    death, plus the stopping timeout and two quick polls."""
-    timeout = min(timeout_sec, STOPPING_PEER_TIMEOUT_SEC)
-    return peer_poll_sec(timeout_sec) + timeout + 2 * STOPPING_POLL_SEC
-
-
-def peer_exit_bound_sec(timeout_sec: float) -> float:
-    """The longest a process takes to exit after a peer died, with a peer timeout of `timeout_sec`.
-
-    Death up to a poll after the last beat, silence seen up to a poll late, then (3+ processes) process 0
-    keeps the service up two more polls so that the others read the verdict, not JAX's abort."""
-    return timeout_sec + 4 * peer_poll_sec(timeout_sec)
-
-
-def jax_heartbeat_timeout_sec(timeout_sec: float) -> int:
-    """JAX's heartbeat timeout for a peer timeout, so that the watchdog's line comes before JAX's abort.
-
-    JAX beats every half timeout and counts from the last beat, so it can abort half a timeout after a death
-    (jax 0.10.2, 8 s timeout, 6 random kills: aborts 4.5 to 8.8 s later): half must exceed the watchdog's
-    bound."""
-    return 2 * (math.ceil(peer_exit_bound_sec(timeout_sec)) + _JAX_TIMEOUT_MARGIN_SEC)
-
-
-def _coordination_client() -> Any:
-    """JAX's client of the coordination service, None when this process is alone or has shut it down.
-    JAX has no public accessor for it; orbax's, which its own barriers use, is the maintained one."""
-    if not ocp.multihost.is_jax_distributed_client_initialized():
-        return None
-    return ocp.multihost.get_jax_distributed_client()
-
-
-def report_progress(step: int, checkpoint_step: int | None = None) -> None:
-    """Records where training is, for a peer watchdog's error; does nothing in a single-process run.
-
-    Args:
-      step: the last step this process has done (dispatched is enough: "about").
-      checkpoint_step: the newest checkpoint saved on every process, when it changed; None keeps the old one.
-    """
-    client = _coordination_client()
-    if client is None:
-        return
-    index = jax.process_index()
-    try:
-        client.key_value_set(f"{_WATCH_PREFIX}step/{index}", str(int(step)), allow_overwrite=True)
-        if checkpoint_step is not None:
-            client.key_value_set(f"{_WATCH_PREFIX}checkpoint/{index}", str(int(checkpoint_step)),
-                                 allow_overwrite=True)
-    except Exception as e:  # noqa: BLE001 - progress is a courtesy; the watchdog reports the failure.
-        logger.debug("Could not record the progress at step %d: %s", step, e)
-
-
-def _names(indices: list[int]) -> str:
-    return (f"process {indices[0]}" if len(indices) == 1 else
-            "processes " + ", ".join(str(i) for i in indices[:-1]) + f" and {indices[-1]}")
-
-
 def peer_lost_message(lost: list[int], num_processes: int, process_id: int, timeout_sec: float,
-                      step: int | None = None, checkpoint_step: int | None = None,
-                      none_complete: bool = False, stopping: bool = False) -> str:
-    """The one line (without "error: ") that names the lost process(es) and says how to go on.
-
-    Args:
-      lost: the processes not heard from for `timeout_sec`.
-      step: about where training was (the highest step any process reported), if known.
-      checkpoint_step: the newest checkpoint complete on every process, if known.
-      none_complete: known that no checkpoint is complete (the next launch starts from scratch).
-      stopping: the job was stopping (a preemption notice, or a failure here), when silence counts sooner.
-    """
-    who = _names(sorted(lost))
-    at_step = f" (lost at about step {step})" if step is not None else ""
+                      checkpoint_step: int | None = None, none_complete: bool = False,
+                      stopping: bool = False) -> str:
+    """The one line (without "error: ") naming the processes silent for `timeout_sec` and how to go on:
+    from `checkpoint_step`, the newest complete on disk, if known, or from the start if `none_complete`.
+    `stopping`: the job was stopping (a preemption notice, or a failure here), when silence counts sooner."""
+    lost = sorted(lost)
+    who = (f"process {lost[0]}" if len(lost) == 1 else
+           "processes " + ", ".join(map(str, lost[:-1])) + f" and {lost[-1]}")
     resume = (f"the last complete checkpoint (step {checkpoint_step})" if checkpoint_step is not None
               else "the start: no checkpoint is complete" if none_complete
               else "the last complete checkpoint, if there is one")
     why = "while the job was stopping" if stopping else ENV_PEER_TIMEOUT
-    return (f"{who} of {num_processes} stopped responding{at_step}: no sign of life for {timeout_sec:g} s "
-            f"({why}). It was killed (the out-of-memory killer sends SIGKILL), crashed, or lost "
-            f"its host; its own output or the launcher's says which. This process (process {process_id}) "
-            f"stops too, as the job cannot go on without it: run the same command to resume from {resume}.")
+    return (f"{who} of {num_processes} stopped responding: no sign of life for {timeout_sec:g} s ({why}). "
+            "It was killed (the out-of-memory killer sends SIGKILL), crashed, or lost its host; its own "
+            f"output or the launcher's says which. This process (process {process_id}) stops too, as the "
+            f"job cannot go on without it: run the same command to resume from {resume}.")
 
 
 def coordinator_lost_message(num_processes: int, process_id: int, timeout_sec: float, error: Exception,
@@ -468,62 +338,58 @@ def coordinator_lost_message(num_processes: int, process_id: int, timeout_sec: f
             "command to resume from the last complete checkpoint, if there is one.")
 
 
-def _has_key(client: Any, key: str) -> bool:
-    try:
-        client.key_value_try_get(key)
-    except Exception:  # noqa: BLE001 - NOT_FOUND (no notice), or the service unreachable.
-        return False
-    return True
+def _exit_with_error(message: str, linger_sec: float = 0.0) -> None:
+    """Writes `error: message` and ends the process `linger_sec` later. From a watching thread: the main
+    thread may be blocked in C++ (joining, a collective), where nothing else stops it before JAX's abort."""
+    sys.stdout.flush()
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+    time.sleep(linger_sec)
+    os._exit(1)
 
 
-def _int_or_none(text: str | None) -> int | None:
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
+def _coordination_client() -> Any:
+    """JAX's client of the coordination service, None when this process is alone or has shut it down.
+    JAX has no public accessor for it; orbax's, which its own barriers use, is the maintained one."""
+    if not ocp.multihost.is_jax_distributed_client_initialized():
         return None
+    return ocp.multihost.get_jax_distributed_client()
 
 
 class PeerWatchdog:
-    """Notices a process of the job that died, and ends this one with one `error:` line that names it.
+    """Notices a process of the job that died, and ends this one with one `error:` line that names it,
+    where the others would hang in their next collective until JAX's heartbeat abort (SIGABRT, a C++ trace).
 
-    Else the others hang in their next collective (gloo, NCCL and ICI need every process), or fail and hang
-    in JAX's shutdown barrier, until JAX's heartbeat timeout (100 s by default) aborts them uncatchably
-    (SIGABRT, a C++ stack trace blaming "another task"; jax 0.10.2). JAX's `missed_heartbeat_callback`
-    is unusable from Python (jaxlib 0.10.2: std::bad_cast converting its status, then terminate).
-
-    A daemon thread beats a counter in the coordination service's key-value store every `peer_poll_sec` and
-    reads everyone's, even while the main thread waits in C++ (which releases the GIL): a slow step, compile
-    or checkpoint does not silence it. A counter unmoved for `timeout_sec` means lost. If process 0 dies, JAX
-    ends the others within 0.2 s (SIGABRT, "Failed to send RPC to coordination service. Either the leader
-    task was preempted/died..."), before this watchdog can speak.
+    A daemon thread beats a counter in the coordination service's key-value store every poll and reads
+    everyone's, also while the main thread waits in C++: a slow step, compile or save is no silence. A
+    counter unmoved for the timeout (`PeerTiming`) means lost. Process 0 hosts the service: when it dies,
+    JAX aborts the others before this watch can speak.
     """
 
     def __init__(self, process_id: int, num_processes: int, timeout_sec: float, *,
                  client: Callable[[], Any] = _coordination_client,
                  clock: Callable[[], float] = time.monotonic, coordinator_address: str | None = None,
                  complete_checkpoints: Callable[[], list[int]] | None = None) -> None:
-        self.process_id = process_id
-        self.num_processes = num_processes
-        self.timeout_sec = timeout_sec
-        self.poll_sec = peer_poll_sec(timeout_sec)
+        self.process_id, self.num_processes = process_id, num_processes
+        self.timing = PeerTiming.for_timeout(timeout_sec)
         self.finished = False  # True once the client is shut down: the process is exiting normally.
-        self._client = client
-        self._clock = clock
+        self._client, self._clock = client, clock
         self._coordinator_address = coordinator_address
         self._complete_checkpoints = complete_checkpoints
         self._beats = 0
-        now = clock()
-        self._last_contact = now
+        self._last_contact = clock()
         # Each peer's last counter value and when it changed; a peer not yet beating counts from now.
         self._seen: dict[int, tuple[str | None, float]] = {
-            i: (None, now) for i in range(num_processes) if i != process_id}
+            i: (None, self._last_contact) for i in range(num_processes) if i != process_id}
         self._thread: threading.Thread | None = None
-        self._entries: dict[str, str] = {}  # The watch keys as last read from the service.
-        self._exiting = threading.Event()
-        # Set once the job is stopping (a preemption notice, or `hurry`): STOPPING_* silence limit and poll.
-        self._stopping = threading.Event()
+        self._exiting = threading.Event()  # Set by `stop`: no more calls to the client.
+        self._stopping = threading.Event()  # A preemption notice, or `hurry`: the stopping timeout applies.
         self._wake = threading.Event()  # Cuts the wait between rounds short.
-        self._round = threading.Lock()  # Held during a round of calls to the coordination client.
+        self._round = threading.Lock()  # Held during a round of calls to the client.
+
+    def silence_limit_sec(self) -> float:
+        """How long a peer may be silent before it counts as lost: shorter once the job is stopping."""
+        return self.timing.stopping_timeout_sec if self._stopping.is_set() else self.timing.timeout_sec
 
     def check(self) -> str | None:
         """One round: beat, look at the others. Returns the error line (without "error: ") when the job has
@@ -541,91 +407,72 @@ class PeerWatchdog:
         except Exception as e:  # noqa: BLE001 - any failure to reach the service counts as silence.
             if self._client() is None:  # Shut down while we asked: a normal exit.
                 self.finished = True
-                return None
-            if now - self._last_contact > self.timeout_sec:
-                return coordinator_lost_message(self.num_processes, self.process_id, self.timeout_sec, e,
-                                                self._coordinator_address)
+            elif now - self._last_contact > self.timing.timeout_sec:
+                return coordinator_lost_message(self.num_processes, self.process_id, self.timing.timeout_sec,
+                                                e, self._coordinator_address)
             return None
         self._last_contact = now
-        if not self._stopping.is_set() and _has_key(client, JAX_PREEMPTION_NOTICE_KEY):
-            self._stopping.set()
-        lost = self._lost_by_notice(entries.get(f"{_WATCH_PREFIX}lost"))
-        if not lost:
-            for peer, (value, changed) in self._seen.items():
-                current = entries.get(f"{_WATCH_PREFIX}beat/{peer}")
-                if current != value:
-                    self._seen[peer] = (current, now)
-                elif f"{_WATCH_PREFIX}left/{peer}" in entries:
-                    continue  # It stopped its watch on its way out (`stop`): not lost.
-                elif now - changed > self.silence_limit_sec():
-                    lost.append(peer)
-            if lost:
-                try:  # Every other process names the same process(es), whatever their clocks saw.
-                    client.key_value_set(f"{_WATCH_PREFIX}lost", ",".join(map(str, lost)),
-                                         allow_overwrite=True)
-                except Exception as e:  # noqa: BLE001 - they will find it themselves.
-                    logger.debug("Could not record the lost process(es): %s", e)
-        self._entries = entries
+        if not self._stopping.is_set():
+            try:
+                client.key_value_try_get(JAX_PREEMPTION_NOTICE_KEY)
+                self._stopping.set()
+            except Exception:  # noqa: BLE001 - NOT_FOUND: no notice (or the service just went).
+                pass
+        notice = (entries.get(f"{_WATCH_PREFIX}lost") or "").split(",")
+        lost = [int(i) for i in notice if i.isdigit() and int(i) != self.process_id]
+        if lost:  # Another process's verdict: every process names the same, whatever their clocks saw.
+            return self._lost_message(lost)
+        for peer, (value, changed) in self._seen.items():
+            current = entries.get(f"{_WATCH_PREFIX}beat/{peer}")
+            if current != value:
+                self._seen[peer] = (current, now)
+            elif f"{_WATCH_PREFIX}left/{peer}" not in entries and now - changed > self.silence_limit_sec():
+                lost.append(peer)  # Silent, and it did not say it left (`stop`).
         if not lost:
             return None
+        try:
+            client.key_value_set(f"{_WATCH_PREFIX}lost", ",".join(map(str, lost)), allow_overwrite=True)
+        except Exception as e:  # noqa: BLE001 - the others will find it themselves.
+            logger.debug("Could not record the lost process(es): %s", e)
         return self._lost_message(lost)
 
     def _lost_message(self, lost: list[int]) -> str:
-        """The error line for `lost`, with the newest reported step and the newest complete checkpoint, read
-        from disk now where the run said how (the reported one lags a save completed since)."""
-        newest = {}
-        for kind in ("step", "checkpoint"):
-            prefix = f"{_WATCH_PREFIX}{kind}/"
-            values = [_int_or_none(v) for k, v in self._entries.items() if k.startswith(prefix)]
-            newest[kind] = max((v for v in values if v is not None), default=None)
-        checkpoint, known = newest["checkpoint"], False
+        """The error line for `lost`, naming the newest complete checkpoint on disk, read now."""
+        checkpoint, known = None, False
         if self._complete_checkpoints is not None:
             try:
                 checkpoint, known = max(self._complete_checkpoints(), default=None), True
             except Exception as e:  # noqa: BLE001 - an unreadable workdir: say less, still speak.
                 logger.debug("Could not list the complete checkpoints: %s", e)
         return peer_lost_message(lost, self.num_processes, self.process_id, self.silence_limit_sec(),
-                                 newest["step"], checkpoint, none_complete=known and checkpoint is None,
+                                 checkpoint, none_complete=known and checkpoint is None,
                                  stopping=self._stopping.is_set())
-
-    def silence_limit_sec(self) -> float:
-        """How long a peer may be silent before it counts as lost: the timeout, shorter once stopping."""
-        if self._stopping.is_set():
-            return min(self.timeout_sec, STOPPING_PEER_TIMEOUT_SEC)
-        return self.timeout_sec
 
     def hurry(self, wait_sec: float | None = None) -> None:
         """This process failed (a collective's error, say): count silence as a stopping job does, and wait
-        up to `wait_sec` (default: the stopping bound) for the watch to name a lost peer, which ends the
-        process with its line. Returns when no peer is lost, for the caller's own error."""
+        up to `wait_sec` (default: the stopping exit bound) for the watch to name a lost peer, which ends the
+        process with its line before the caller writes its own. Returns when no peer is lost."""
         self._stopping.set()
         self._wake.set()
-        if self._thread is None or self.finished:
-            return
-        self._thread.join(stopping_exit_bound_sec(self.timeout_sec) if wait_sec is None else wait_sec)
-
-    def _lost_by_notice(self, notice: str | None) -> list[int]:
-        indices = [_int_or_none(part) for part in (notice or "").split(",")]
-        return [i for i in indices if i is not None and i != self.process_id]
+        if self._thread is not None and not self.finished:
+            self._thread.join(self.timing.stopping_exit_bound_sec if wait_sec is None else wait_sec)
 
     def start(self) -> PeerWatchdog:
         """Starts the watching thread (a daemon: it never holds the process open)."""
         self._thread = threading.Thread(target=self._run, name="peer-watchdog", daemon=True)
         self._thread.start()
         # Registered after jax's own exit hooks, so it runs before them (atexit is last in, first out): a
-        # watch call still in flight when jax shuts its coordination client down aborts the process in C++.
+        # call in flight when jax shuts its coordination client down aborts the process in C++.
         atexit.register(self.stop)
         return self
 
     def stop(self) -> None:
-        """On the way out (a normal exit, `leave`, a failure): after the round in flight, records that this
-        process left, then makes no more client calls (jax is about to shut it down). The thread still ends
-        the process, naming the stalest peer, if jax's shutdown barrier holds it past the bound."""
+        """On the way out (an exit, `leave`, a failure): after the round in flight, records that this
+        process left, so the others do not take its silence for a death, then makes no more client calls."""
         self._exiting.set()
         self._wake.set()
         with self._round:
-            client = self._client()
-            if client is not None:  # The others' watch must not take this process's silence for death.
+            if (client := self._client()) is not None:
                 try:
                     client.key_value_set(f"{_WATCH_PREFIX}left/{self.process_id}", "1", allow_overwrite=True)
                 except Exception as e:  # noqa: BLE001 - the service may be going; nothing to do.
@@ -634,41 +481,26 @@ class PeerWatchdog:
     def _run(self) -> None:
         while not self.finished:
             with self._round:
-                message = None if self._exiting.is_set() else self.check()
-            if self._exiting.is_set():
-                self._end_if_exit_hangs()
-                return
-            if message is not None:
-                # Process 0 lets the others read the notice before the service goes with it.
-                _exit_with_error(message, linger_sec=2 * self.poll_sec
-                                if self.process_id == 0 and self.num_processes > 2 else 0.0)
-            self._wake.wait(STOPPING_POLL_SEC if self._stopping.is_set() else self.poll_sec)
+                if self._exiting.is_set():
+                    return
+                message = self.check()
+            if message is not None:  # Process 0 lets the others read the verdict before its service goes.
+                linger = self.process_id == 0 and self.num_processes > 2
+                _exit_with_error(message, linger_sec=2 * self.timing.poll_sec if linger else 0.0)
+            stopping = self._stopping.is_set()
+            self._wake.wait(self.timing.stopping_poll_sec if stopping else self.timing.poll_sec)
             self._wake.clear()
-
-    def _end_if_exit_hangs(self) -> None:
-        if not self._seen:
-            return
-        stalest = min(self._seen, key=lambda peer: self._seen[peer][1])
-        # Counted from the stalest peer's last sign of life, not the exit's start: a process that noticed a
-        # dead peer late (a slowly failing collective) must still speak before JAX's heartbeat abort.
-        last_sign_of_life = self._seen[stalest][1]
-        time.sleep(max(0.0, last_sign_of_life + peer_exit_bound_sec(self.timeout_sec) - self._clock()))
-        _exit_with_error(self._lost_message([stalest]))
 
 
 def maybe_initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                      process_id: int | None = None,
                      initialization_timeout_sec: int = DEFAULT_INITIALIZATION_TIMEOUT_SEC,
-                     env: Mapping[str, str] | None = None,
-                     peer_timeout_sec: float | None = None,
+                     env: Mapping[str, str] | None = None, peer_timeout_sec: float | None = None,
                      complete_checkpoints: Callable[[], list[int]] | None = None
                      ) -> DistributedSettings | None:
-    """Calls `jax.distributed.initialize()` if `detect` finds a multi-process job; call it before any JAX
-    computation (the entry point's first step).
-
-    Fails as the module docstring says; `peer_timeout_sec` is resolved by `resolve_peer_timeout_sec` (0: no
-    watchdog, JAX's own 100 s heartbeat abort). `complete_checkpoints` lists the run's complete checkpoint
-    steps, oldest first: the watchdog's line names the newest, read when it speaks.
+    """Joins the job with `jax.distributed.initialize()` if `detect` finds one (call it before any JAX
+    computation), then starts the peer watch: `peer_timeout_sec` as `resolve_peer_timeout_sec` reads it (0:
+    none, JAX's own 100 s heartbeat abort); its line names the newest of `complete_checkpoints()`.
 
     Returns:
       The settings used, with the watchdog started, or None when the process runs alone.
@@ -682,29 +514,34 @@ def maybe_initialize(coordinator_address: str | None = None, num_processes: int 
         return None
     env = os.environ if env is None else env
     peer_timeout = resolve_peer_timeout_sec(peer_timeout_sec, env)
-    heartbeat = {"heartbeat_timeout_seconds": jax_heartbeat_timeout_sec(peer_timeout)} if peer_timeout else {}
-    where = settings.coordinator_address or "the address JAX detects"
+    timing = PeerTiming.for_timeout(peer_timeout)
+    heartbeat = {"heartbeat_timeout_seconds": timing.jax_heartbeat_timeout_sec} if peer_timeout else {}
+    address, index, count = settings.coordinator_address, settings.process_id, settings.num_processes
+    where = address or "the address JAX detects"
     logger.info("Multi-process job (%s): joining the coordinator at %s as process %s of %s.", settings.reason,
-                where, "?" if settings.process_id is None else settings.process_id,
-                "?" if settings.num_processes is None else settings.num_processes)
+                where, "?" if index is None else index, "?" if count is None else count)
     start = time.monotonic()
-    bind_address = coordinator_bind_address(settings.coordinator_address, env)
-    if settings.coordinator_address and settings.process_id not in (None, 0):
-        wait_for_coordinator(settings.coordinator_address, initialization_timeout_sec)
-    elif settings.coordinator_address:
+    bind_address = coordinator_bind_address(address, env)
+    if address and index not in (None, 0):
+        wait_for_coordinator(address, initialization_timeout_sec)
+    elif address:
         try:
-            check_coordinator_port(settings.coordinator_address, bind_address, slurm=_is_srun_step(env))
+            check_coordinator_port(address, bind_address, slurm=_is_srun_step(env))
         except RuntimeError:
             stop_srun_step_peers(env)
             raise
     remaining_sec = max(1.0, initialization_timeout_sec - (time.monotonic() - start))
     logger.info("Waiting up to %.0f s for all processes to connect.", remaining_sec)
-    watchdog = _JoinWatchdog(remaining_sec, did_not_form_message(settings, initialization_timeout_sec))
+    # At its own deadline, a margin later, JAX's client aborts every waiting process (SIGABRT, a C++ trace).
+    join_watch = threading.Timer(remaining_sec, _exit_with_error,
+                                 args=(did_not_form_message(settings, initialization_timeout_sec),))
+    join_watch.daemon = True
+    join_watch.start()
     try:
-        jax.distributed.initialize(
-            coordinator_address=settings.coordinator_address, num_processes=settings.num_processes,
-            process_id=settings.process_id, coordinator_bind_address=bind_address,
-            initialization_timeout=int(remaining_sec) + _JAX_TIMEOUT_MARGIN_SEC, **heartbeat)
+        jax.distributed.initialize(coordinator_address=address, num_processes=count, process_id=index,
+                                   coordinator_bind_address=bind_address,
+                                   initialization_timeout=int(remaining_sec) + timing.jax_margin_sec,
+                                   **heartbeat)
     except Exception as e:  # noqa: BLE001 - XLA raises several types; all mean the job did not form.
         raise RuntimeError(
             f"Could not join the multi-process job ({settings.reason}) through the coordinator at {where} "
@@ -712,37 +549,31 @@ def maybe_initialize(coordinator_address: str | None = None, num_processes: int 
             "that host and port (firewall, hostname), that every process was started with the same "
             "coordinator and process count, and that process ids are distinct.") from e
     finally:
-        watchdog.cancel()
+        join_watch.cancel()
     logger.info("Joined: process %d of %d, %d local of %d devices.", jax.process_index(),
                 jax.process_count(), jax.local_device_count(), jax.device_count())
-    if peer_timeout:
-        watchdog = PeerWatchdog(jax.process_index(), jax.process_count(), peer_timeout,
-                                coordinator_address=settings.coordinator_address,
-                                complete_checkpoints=complete_checkpoints).start()
-        settings = dataclasses.replace(settings, peer_watchdog=watchdog)
-        logger.info("A process silent for %g s counts as lost: the others then stop within %g s (%s).",
-                    peer_timeout, peer_exit_bound_sec(peer_timeout), ENV_PEER_TIMEOUT)
-    return settings
+    if not peer_timeout:
+        return settings
+    watchdog = PeerWatchdog(jax.process_index(), jax.process_count(), peer_timeout,
+                            coordinator_address=address, complete_checkpoints=complete_checkpoints).start()
+    logger.info("A process silent for %g s counts as lost: the others then stop within %g s (%s).",
+                peer_timeout, timing.exit_bound_sec, ENV_PEER_TIMEOUT)
+    return dataclasses.replace(settings, peer_watchdog=watchdog)
 
 
 def blame_a_lost_peer(settings: DistributedSettings | None) -> None:
-    """Before a failing process writes its own error: if a peer died (gloo fails a collective at once on a
-    reset connection), ends this process with the watchdog's line within `stopping_exit_bound_sec`; else
-    returns, marked as leaving. Without it a survivor printed the collective's traceback, then 77 s after
-    the kill a watchdog line naming an outdated checkpoint (plain srun, SLURM 22.05)."""
-    if settings is None or settings.peer_watchdog is None:
-        return
-    settings.peer_watchdog.hurry()
-    settings.peer_watchdog.stop()
+    """Call before a failing process writes its own error: if a peer died (gloo fails a collective at once
+    on a reset connection), ends this process with the watchdog's line within the stopping exit bound;
+    else returns, marked as leaving."""
+    if settings is not None and settings.peer_watchdog is not None:
+        settings.peer_watchdog.hurry()
+        settings.peer_watchdog.stop()
 
 
 def leave(settings: DistributedSettings | None) -> None:
     """Leaves the job before an immediate exit (`os._exit`, which runs no atexit hook): stops the peer
-    watchdog's calls, then JAX's shutdown, whose barrier waits until every process has reached it.
-
-    When process 0 (the service's host) exited at once after a preemption's checkpoint, JAX aborted a peer
-    still closing its input pipeline (SIGABRT; 3 of 8 preempted 2-task SLURM jobs ended FAILED). A peer
-    dying meanwhile still ends this process within the watchdog's bound."""
+    watch's calls, then JAX's shutdown, whose barrier holds until every process reaches it, so that process
+    0's coordination service outlives the others' last calls."""
     if settings is None:
         return
     if settings.peer_watchdog is not None:

@@ -120,7 +120,8 @@ def test_a_preempted_sbatch_job_resumes_with_the_same_command_and_a_killed_task_
                     rf"was stopping\).* resume from the last complete checkpoint \(step {newest}\)\.$",
                     errors[0]), errors[0]
     assert "Terminating process" not in text and "task 0: Killed" not in text, text[-4000:]
-    assert ended_sec < distributed.stopping_exit_bound_sec(distributed.DEFAULT_PEER_TIMEOUT_SEC) + 5
+    timing = distributed.PeerTiming.for_timeout(distributed.DEFAULT_PEER_TIMEOUT_SEC)
+    assert ended_sec < timing.stopping_exit_bound_sec + 5
     assert slurm.job_state(job)[0] == "FAILED"
 
 
