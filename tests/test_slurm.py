@@ -116,7 +116,7 @@ def test_a_preempted_sbatch_job_resumes_with_the_same_command_and_a_killed_task_
     errors = [line for line in text.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, text[-4000:]
     newest = checkpointing.complete_steps(str(workdir))[-1]
-    assert re.match(r"error: process 1 of 2 stopped responding .*no sign of life for 10 s \(while the job "
+    assert re.match(r"error: process 1 of 2 stopped responding: no sign of life for 10 s \(while the job "
                     rf"was stopping\).* resume from the last complete checkpoint \(step {newest}\)\.$",
                     errors[0]), errors[0]
     assert "Terminating process" not in text and "task 0: Killed" not in text, text[-4000:]
