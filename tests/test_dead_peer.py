@@ -151,7 +151,7 @@ def test_once_the_job_is_stopping_a_silent_peer_is_named_after_10_s_and_one_that
     message = _rounds(clock, survivors, 2)[0]
     assert message.startswith("process 1 of 3 stopped responding: no sign of life for 10 s (while the job "
                               "was stopping).")
-    # The newest complete checkpoint as the next launch will find it, not the one last reported.
+    # The newest complete checkpoint as the next launch will find it, read when the line is written.
     assert message.endswith("resume from the last complete checkpoint (step 40).")
 
 
