@@ -17,11 +17,10 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-from resnet_scaling import checkpointing, config_text, console, errors, trainer
+from resnet_scaling import checkpointing, config_text, console, distributed, errors, trainer
 from resnet_scaling import config as config_lib
 from resnet_scaling import workdir as workdir_lib
 from resnet_scaling.host import process_setup, xla_flags
-from resnet_scaling.resilience import distributed
 
 logger = logging.getLogger("resnet_scaling.train")  # Not __name__: "__main__" under `python -m`.
 
@@ -31,7 +30,7 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics, summaries and checkpoints "
                                 "(required, except with --print_config).")
 flags.mark_flags_as_required(["config"])
-# Multi-process settings; unset, they come from the environment or the cluster (resilience/distributed.py).
+# Multi-process settings; unset, they come from the environment or the cluster (distributed.py).
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0's coordinator.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes).")

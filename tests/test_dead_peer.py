@@ -1,15 +1,15 @@
 """A process that dies mid-run: the others stop within a stated time, naming it, and the next launch resumes.
 
-The watchdog's decisions run here against a fake key-value store and clock; the end-to-end run, which kills
-process 1 of a 2-process training job with SIGKILL and resumes it bit for bit, is part of
-tests/test_multiprocess.py's scenario.
+The watchdog's decisions (`resnet_scaling/distributed.py`) run here against a fake key-value store and
+clock; the end-to-end runs, which kill process 1 of a 2-process training job with SIGKILL and resume it, are
+tests/test_multiprocess.py's scenario and tests/test_slurm.py's (through the command line).
 """
 
-import jax
-import orbax.checkpoint as ocp
+import atexit
+
 import pytest
 
-from resnet_scaling.resilience import distributed
+from resnet_scaling import distributed
 
 
 class _FakeStore:
@@ -64,19 +64,17 @@ def _rounds(clock, dogs, seconds, step_sec=1.0):
     return verdicts
 
 
-def test_a_silent_process_is_named_after_the_timeout_and_not_before(monkeypatch):
-    store, clock, dogs = _watchdogs(3)
+def test_a_silent_process_is_named_after_the_timeout_and_not_before():
+    checkpoints = [5]
+    store, clock, dogs = _watchdogs(3, complete_checkpoints=lambda: checkpoints)
     assert _rounds(clock, dogs, 30) == {}  # All beating: nobody is lost, however long it runs.
-    monkeypatch.setattr(distributed, "_coordination_client", lambda: store)
-    monkeypatch.setattr(jax, "process_index", lambda: 2)
-    distributed.report_progress(10, checkpoint_step=10)
-    distributed.report_progress(12)  # The checkpoint recorded stays.
     survivors = [dogs[0], dogs[2]]  # Process 1 dies: its counter stops.
     assert _rounds(clock, survivors, 9) == {}
+    checkpoints.append(10)  # Completed since the death: the line names the newest on disk when it speaks.
     verdicts = _rounds(clock, survivors, 3)
     assert set(verdicts) == {0, 2}
-    assert verdicts[0].startswith("process 1 of 3 stopped responding (lost at about step 12): no sign of "
-                                  "life for 10 s")
+    assert verdicts[0].startswith("process 1 of 3 stopped responding: no sign of life for 10 s "
+                                  "(RESNET_SCALING_PEER_TIMEOUT_SEC).")
     assert verdicts[0].endswith("run the same command to resume from the last complete checkpoint "
                                 "(step 10).")
     assert "This process (process 2)" in verdicts[2]
@@ -104,11 +102,6 @@ def test_a_normal_exit_stops_the_watch_and_an_unreachable_coordinator_is_named()
     assert not dogs[1].finished
 
 
-def test_progress_is_not_recorded_by_a_process_that_runs_alone():
-    assert not ocp.multihost.is_jax_distributed_client_initialized()
-    distributed.report_progress(3, checkpoint_step=2)  # No coordination service: nothing to do, no error.
-
-
 def test_the_peer_timeout_comes_from_the_argument_the_environment_or_the_default():
     env = {distributed.ENV_PEER_TIMEOUT: "15"}
     assert distributed.resolve_peer_timeout_sec(None, {}) == distributed.DEFAULT_PEER_TIMEOUT_SEC == 60
@@ -118,27 +111,33 @@ def test_the_peer_timeout_comes_from_the_argument_the_environment_or_the_default
         distributed.resolve_peer_timeout_sec(None, {distributed.ENV_PEER_TIMEOUT: "1m"})
     with pytest.raises(ValueError, match=">= 0"):
         distributed.resolve_peer_timeout_sec(-1, {})
-    # The stated bounds. JAX's own heartbeat abort can come half its timeout after a death (its processes
-    # beat every half timeout), which must be after the watchdog's line.
-    assert distributed.peer_exit_bound_sec(60) == 80 and distributed.peer_exit_bound_sec(10) == 14
-    assert distributed.jax_heartbeat_timeout_sec(60) == 180
-    assert distributed.jax_heartbeat_timeout_sec(10) == 48
-    for timeout_sec in (1, 10, 60, 600):
-        bound_sec = distributed.peer_exit_bound_sec(timeout_sec)
-        assert distributed.jax_heartbeat_timeout_sec(timeout_sec) / 2 > bound_sec
 
 
-def test_at_exit_the_bound_counts_from_the_dead_peers_last_sign_of_life(monkeypatch, capsys):
+@pytest.mark.parametrize("timeout_sec, poll, bound, stopping_bound, heartbeat", [
+    (60, 5, 80, 16, 180), (10, 1, 14, 12, 48), (20, 2, 28, 13, 76), (1, 0.5, 3, 2.5, 26)])
+def test_the_timing_table_states_the_bounds(timeout_sec, poll, bound, stopping_bound, heartbeat):
+    timing = distributed.PeerTiming.for_timeout(timeout_sec)
+    assert (timing.poll_sec, timing.exit_bound_sec, timing.stopping_exit_bound_sec,
+            timing.jax_heartbeat_timeout_sec) == (poll, bound, stopping_bound, heartbeat)
+    assert timing.stopping_exit_bound_sec < 30  # SLURM's default KillWait.
+    # JAX's own heartbeat abort can come half its timeout after a death (its processes beat every half
+    # timeout): after the watchdog's line.
+    assert timing.jax_heartbeat_timeout_sec / 2 > timing.exit_bound_sec
+
+
+def test_a_process_on_its_way_out_says_it_left_and_makes_no_more_calls():
     store, clock, dogs = _watchdogs(2)
-    _rounds(clock, dogs, 3)  # Both beat; process 1's last beat, at 1003 s, is seen by process 0 at 1004 s.
-    _rounds(clock, dogs[:1], 8)  # Process 1 is dead; at 1011 s process 0's main thread starts to exit.
-    slept, exits = [], []
-    monkeypatch.setattr(distributed.time, "sleep", slept.append)
-    monkeypatch.setattr(distributed.os, "_exit", exits.append)
-    dogs[0]._end_if_exit_hangs()  # Held in JAX's shutdown barrier: it waits out the bound, then ends.
-    assert slept == [pytest.approx(1004 + distributed.peer_exit_bound_sec(10) - 1011)] == [7]
-    assert exits == [1]
-    assert capsys.readouterr().err.startswith("error: process 1 of 2 stopped responding")
+    dog = dogs[0].start()
+    try:
+        dog.stop()
+        dog._thread.join(timeout=30)
+        assert not dog._thread.is_alive()
+        assert store.entries["resnet_scaling/peer_watch/left/0"] == "1"
+        dogs[1].check()  # Process 1 sees that process 0 left: its silence is no death.
+        clock.now += 60
+        assert dogs[1].check() is None
+    finally:
+        atexit.unregister(dog.stop)
 
 
 def test_once_the_job_is_stopping_a_silent_peer_is_named_after_10_s_and_one_that_left_never():
@@ -152,9 +151,8 @@ def test_once_the_job_is_stopping_a_silent_peer_is_named_after_10_s_and_one_that
     message = _rounds(clock, survivors, 2)[0]
     assert message.startswith("process 1 of 3 stopped responding: no sign of life for 10 s (while the job "
                               "was stopping).")
-    # The newest complete checkpoint as the next launch will find it, not the one last reported.
+    # The newest complete checkpoint as the next launch will find it, read when the line is written.
     assert message.endswith("resume from the last complete checkpoint (step 40).")
-    assert distributed.stopping_exit_bound_sec(60) == 5 + 10 + 1 < 30  # SLURM's default KillWait
 
 
 def test_a_failing_process_hurries_the_watch_and_a_run_without_checkpoints_says_it_starts_over():

@@ -7,6 +7,7 @@ python tests/train_worker.py --workdir=DIR --overrides='{"training__num_train_st
 """
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -19,9 +20,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from resnet_scaling import mesh, trainer  # noqa: E402
-from resnet_scaling.metrics import run_report  # noqa: E402
-from resnet_scaling.resilience import distributed
+from resnet_scaling import checkpointing, distributed, mesh, trainer, training_setup  # noqa: E402
 from tests.helpers import random_arrays, tiny_config  # noqa: E402
 
 
@@ -63,25 +62,41 @@ def record_evaluations(path: pathlib.Path) -> None:
     trainer.evaluate = recording_evaluate
 
 
-def hold_at(step_at_least: int, hold_dir: pathlib.Path) -> None:
-    """At the first logged step >= `step_at_least`, writes HOLD_DIR/held-<process> (holding the step) and
-    waits until HOLD_DIR/release-<process> exists: a test sends its signal at a known step, however late it
-    reads the log. Background work (asynchronous saves) goes on meanwhile."""
-    log_point = run_report.RunReport.log_point  # The trainer calls it at every log point, on every process.
-    held = []
+class _HoldingStep:
+    """The compiled train step, which before its first dispatch after a step >= `step_at_least` is done
+    writes HOLD_DIR/held-<process> (holding that step) and waits until HOLD_DIR/release-<process> exists;
+    everything else (the cost analyses the trainer logs) is the compiled step's."""
 
-    def hold_then_log(report, step):
-        if not held and step >= step_at_least:
-            held.append(step)
+    def __init__(self, compiled, step_at_least: int, hold_dir: pathlib.Path):
+        self._compiled, self._step_at_least, self._hold_dir = compiled, step_at_least, hold_dir
+        self._held = False
+
+    def __call__(self, state, batch):
+        if not self._held and (done := int(state.step)) >= self._step_at_least:  # Waits for that step.
+            self._held = True
             index = jax.process_index()
-            marker = hold_dir / f"held-{index}"
-            marker.with_suffix(".tmp").write_text(str(step))
+            marker = self._hold_dir / f"held-{index}"
+            marker.with_suffix(".tmp").write_text(str(done))
             marker.with_suffix(".tmp").rename(marker)  # Never seen half written.
-            while not (hold_dir / f"release-{index}").exists():
+            while not (self._hold_dir / f"release-{index}").exists():
                 time.sleep(0.05)
-        log_point(report, step)
+        return self._compiled(state, batch)
 
-    run_report.RunReport.log_point = hold_then_log
+    def __getattr__(self, name):
+        return getattr(self._compiled, name)
+
+
+def hold_at(step_at_least: int, hold_dir: pathlib.Path) -> None:
+    """Holds the run once step `step_at_least` is done, before the next starts (`_HoldingStep`): a test
+    sends its signal at a known step, however late it reads the log. Background work (asynchronous saves)
+    goes on meanwhile."""
+    compile_train_step = training_setup.TrainingSetup.compile_train_step
+
+    def compile_holding_step(self, *args, **kwargs):
+        compiled, seconds = compile_train_step(self, *args, **kwargs)
+        return _HoldingStep(compiled, step_at_least, hold_dir), seconds
+
+    training_setup.TrainingSetup.compile_train_step = compile_holding_step
 
 
 def main() -> None:
@@ -93,8 +108,9 @@ def main() -> None:
     parser.add_argument("--process_id", type=int, default=0)
     parser.add_argument("--coordinator", default="")
     parser.add_argument("--peer_timeout_sec", type=float, default=None,
-                        help="Join through resilience.distributed, as train.py does, with its peer "
-                             "watchdog and this timeout (default: plain jax.distributed.initialize).")
+                        help="Join through resnet_scaling.distributed, as train.py does, with its peer "
+                             "watchdog and this timeout, and fail as train.py does (default: plain "
+                             "jax.distributed.initialize).")
     parser.add_argument("--num_eval", type=int, default=20, help="Evaluation images.")
     parser.add_argument("--record_eval", default="",
                         help="Directory: stamp ids into the evaluation images and record, in "
@@ -107,12 +123,14 @@ def main() -> None:
     jax.config.update("jax_platforms", "cpu")
     jax.config.update("jax_num_cpu_devices", args.num_cpu_devices)
     jax.config.update("jax_disable_most_optimizations", True)  # Tiny programs: compile fast.
+    job = None
     if args.num_processes > 1:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         if args.peer_timeout_sec is not None:
-            distributed.maybe_initialize(args.coordinator, args.num_processes, args.process_id,
-                                         initialization_timeout_sec=60,
-                                         peer_timeout_sec=args.peer_timeout_sec)
+            job = distributed.maybe_initialize(
+                args.coordinator, args.num_processes, args.process_id, initialization_timeout_sec=60,
+                peer_timeout_sec=args.peer_timeout_sec,
+                complete_checkpoints=functools.partial(checkpointing.complete_steps, args.workdir))
         else:
             jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id,
                                        initialization_timeout=60)
@@ -122,7 +140,11 @@ def main() -> None:
         hold_at(args.hold_at_step, pathlib.Path(args.hold_dir))
     config = tiny_config(**json.loads(args.overrides))
     arrays = worker_arrays(args.num_eval, stamp_ids=bool(args.record_eval))
-    result = trainer.train_and_evaluate(config, args.workdir, arrays=arrays)
+    try:
+        result = trainer.train_and_evaluate(config, args.workdir, arrays=arrays)
+    except Exception:
+        distributed.blame_a_lost_peer(job)  # As train.py does: a dead peer named in one line, if one is.
+        raise
     print(f"DONE start_step={result.start_step} step={int(result.state.step)} "
           f"preempted={result.preempted}", flush=True)
 

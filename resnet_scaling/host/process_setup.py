@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import jax
 
+from resnet_scaling import distributed
 from resnet_scaling.host import memory as host_memory
 from resnet_scaling.host import xla_flags
-from resnet_scaling.resilience import distributed
 
 logger = logging.getLogger(__name__)
 
