@@ -4,7 +4,7 @@ Consumers read the plan, never the config's raw batch sizes, durations or sentin
 data source needs the batch sizes before it can say how large its splits are:
 
     batch = plan.batch_plan_for_mesh(config, mesh)
-    source = data.create_data_source(config, mesh, batch=batch)
+    source = data.create_data_source(sections.read(config).data, mesh, batch=batch)
     training_plan = plan.derive(config, source.num_train_examples, batch=batch,
                                 num_eval_examples=source.num_eval_examples)
 

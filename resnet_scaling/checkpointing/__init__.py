@@ -355,12 +355,6 @@ class Checkpointer:
                                               json.dumps(self._config.to_dict(), indent=2, default=str))
         return self._export_directory
 
-    def committed_step(self) -> int | None:
-        """The newest checkpoint known complete on disk; None while a save is being written."""
-        if self._manager.is_saving_in_progress():
-            return None
-        return self._manager.latest_step()
-
     def has_export(self) -> bool:
         """Whether `export/` holds parameters and a config (from this run or an earlier launch)."""
         return is_export_directory(self._export_directory)
