@@ -32,8 +32,8 @@ import jax
 import numpy as np
 import pytest
 
-from resnet_scaling import checkpointing, models
-from tests.helpers import held_port, launch_xla_flags
+from resnet_scaling import checkpointing
+from tests.helpers import held_port, launch_xla_flags, model_of
 from tests.train_worker import worker_arrays
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -233,7 +233,7 @@ def test_a_killed_then_preempted_two_process_job_resumes_bit_for_bit_and_evaluat
     # images of nearly the same loss, which the mean cannot.)
     _, _, eval_images, eval_labels = worker_arrays(NUM_EVAL, stamp_ids=True)
     mean, stddev = (np.asarray(config.data[k], np.float32) for k in ("mean_rgb", "stddev_rgb"))
-    logits = np.asarray(models.model_from_config(config).apply(
+    logits = np.asarray(model_of(config).apply(
         reference_variables, (eval_images / np.float32(255) - mean) / stddev, train=False), np.float64)
     shifted = logits - logits.max(1, keepdims=True)
     log_probs = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
