@@ -171,8 +171,10 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
         return launch  # The workdir's run had already finished.
     schedule, report, state, start_step = launch.schedule, launch.report, launch.state, launch.start_step
     batches, batch, train_step = launch.batches, launch.first_batch, launch.train_step
-    checkpoints = _Checkpoints(launch.checkpointer, state, start_step, config, launch.log)
-    hooks = _step_hooks(config, workdir, write=launch.is_writer)
+    checkpoints = _Checkpoints(launch.checkpointer, state, start_step, launch.log,
+                               export=bool(config.checkpoint.export),
+                               max_param_norm_growth=config.training.max_param_norm_growth)
+    hooks = _step_hooks(tuple(config.training.profile_steps), workdir, write=launch.is_writer)
     report.start(launch.compile_sec)
     preempted = stopped = False  # stopped: MLPerf mode, an evaluation reached MLPerf's target.
     try:
@@ -301,12 +303,11 @@ class _Checkpoints:
     kept (`divergence.py`), and a preemption is saved and stopped at on every process (`preemption.py`)."""
 
     def __init__(self, checkpointer: checkpointing.Checkpointer | None, state: steps.TrainState,
-                 start_step: int, config: ml_collections.ConfigDict, log: Callable[..., None]) -> None:
-        self._checkpointer, self._log = checkpointer, log
-        self._export = bool(config.checkpoint.export)
+                 start_step: int, log: Callable[..., None], *, export: bool,
+                 max_param_norm_growth: float) -> None:
+        self._checkpointer, self._log, self._export = checkpointer, log, export
         self._watcher = preemption.PreemptionWatcher()
-        self._guard = divergence.DivergenceGuard(state, start_step, config.training.max_param_norm_growth,
-                                                 checkpointer)
+        self._guard = divergence.DivergenceGuard(state, start_step, max_param_norm_growth, checkpointer)
 
     def check(self, losses: list[dict[str, float]]) -> None:
         """At a log point: `DivergenceError` at a non-finite loss, `CheckpointSaveError` if a background
@@ -357,9 +358,9 @@ class _Checkpoints:
             self._checkpointer.close()
 
 
-def _step_hooks(config: ml_collections.ConfigDict, workdir: str, *, write: bool) -> tuple[StepHook, ...]:
+def _step_hooks(profile_steps: tuple[int, int], workdir: str, *, write: bool) -> tuple[StepHook, ...]:
     """The hooks around each step's dispatch: a profile window (process 0), the bound on steps in flight."""
-    return (profiling.StepWindowProfiler(config.training.profile_steps,
+    return (profiling.StepWindowProfiler(profile_steps,
                                          str(workdir_lib.as_path(workdir) / "tensorboard"), enabled=write),
             StepsInFlight(MAX_STEPS_AHEAD))
 
