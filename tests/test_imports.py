@@ -170,3 +170,12 @@ def test_no_import_cycle_between_the_package_units():
     edges, where = import_graph()
     cycles = describe_cycles(edges, where)
     assert not cycles, "Import cycles between the package's units:\n" + cycles
+
+
+def test_the_multi_process_job_imports_nothing_of_the_library_and_the_workdir_only_the_bottom():
+    """The job component (join, start-up checks, peer watch, leave) stands alone: what it needs of a run
+    (the checkpoints on disk, for a dead peer's message) is handed to it. The workdir foundation (paths,
+    atomic writes, the lock) sits on the errors and the lazy TensorFlow import only."""
+    edges, where = import_graph()
+    assert edges["distributed.py"] == set(), where
+    assert edges["workdir.py"] <= {"errors.py", "tf_import.py"}, edges["workdir.py"]
