@@ -85,8 +85,12 @@ def import_cycles(root: Path) -> list[list[str]]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     import test_imports  # The test's own graph: one definition of "cycle between units".
 
-    test_imports.PACKAGE = root / "resnet_scaling"
-    edges, _ = test_imports.import_graph()
+    suite_package = test_imports.PACKAGE
+    test_imports.PACKAGE = root / "resnet_scaling"  # The test reads the package it names here.
+    try:
+        edges, _ = test_imports.import_graph()
+    finally:
+        test_imports.PACKAGE = suite_package
     return [sorted(c) for c in test_imports.strongly_connected_components(edges)]
 
 
