@@ -1,8 +1,11 @@
 """Small shared pieces for the tests: a tiny config, a tiny dataset, held ports, a compilation cache."""
 
 import contextlib
+import importlib.util
 import os
+import pathlib
 import socket
+import sys
 from collections.abc import Iterator, Mapping
 
 import numpy as np
@@ -158,3 +161,14 @@ def xla_default_optimizations() -> Iterator[None]:
         jax.config.update("jax_compilation_cache_dir", cache_outside)
         compilation_cache.reset_cache()
         jax.clear_caches()
+
+
+def load_benchmark(name: str):
+    """benchmarks/NAME.py as a module (the benchmarks are scripts, not a package), registered under NAME in
+    `sys.modules`: its dataclasses look their module up while it loads."""
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)
+    spec.loader.exec_module(module)
+    return module

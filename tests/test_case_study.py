@@ -11,12 +11,10 @@ import pytest
 
 from resnet_scaling import metrics
 from resnet_scaling.analysis import planning
+from tests.helpers import load_benchmark
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("case_study", REPO / "benchmarks" / "case_study.py")
-case_study = importlib.util.module_from_spec(spec)
-sys.modules.setdefault("case_study", case_study)  # dataclasses look their module up while it loads.
-spec.loader.exec_module(case_study)
+case_study = load_benchmark("case_study")
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

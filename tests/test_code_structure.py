@@ -1,14 +1,10 @@
 """benchmarks/code_structure.py on a hand-made package whose figures are known by construction."""
 
-import importlib.util
 import pathlib
-import sys
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("code_structure", REPO / "benchmarks" / "code_structure.py")
-code_structure = importlib.util.module_from_spec(spec)
-sys.modules.setdefault("code_structure", code_structure)
-spec.loader.exec_module(code_structure)
+from tests.helpers import load_benchmark
+
+code_structure = load_benchmark("code_structure")
 
 TRAINER = '''\
 import ml_collections

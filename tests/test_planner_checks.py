@@ -1,19 +1,14 @@
 """benchmarks/planner_checks.py: MLPerf result logs read by hand-made examples, the published results file
 against its source's own scores, and a prediction's errors worked out by hand."""
 
-import importlib.util
 import json
 import math
-import pathlib
-import sys
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("planner_checks", REPO / "benchmarks" / "planner_checks.py")
-planner_checks = importlib.util.module_from_spec(spec)
-sys.modules.setdefault("planner_checks", planner_checks)
-spec.loader.exec_module(planner_checks)
+from tests.helpers import load_benchmark
+
+planner_checks = load_benchmark("planner_checks")
 
 # An MLPerf v0.6 result file's lines, as the TPU submissions wrote them (values made up).
 RESULT = """\
