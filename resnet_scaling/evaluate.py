@@ -9,6 +9,11 @@ The package imports `evaluation.py`, never this module: runpy warns if `python -
 
 from __future__ import annotations
 
+from resnet_scaling.host import stopping
+
+if __name__ == "__main__":  # First: a Ctrl-C or SIGTERM during the imports below (seconds) ends in one line.
+    stopping.StopSignals.install(safe="nothing was written; rerun the same command to evaluate")
+
 import jax
 
 from resnet_scaling import config as config_lib
@@ -53,7 +58,8 @@ def main(argv: list[str]) -> None:
         overrides[field.strip()] = value
     process_setup.start_process(keep_freed_memory=options.keep_freed_memory)  # As train.py does.
     try:
-        result = evaluate_workdir(options.workdir, options.weights, options.split, overrides=overrides)
+        with stopping.phase(f"evaluating the {options.weights} weights"):
+            result = evaluate_workdir(options.workdir, options.weights, options.split, overrides=overrides)
     except (FileNotFoundError, config_lib.ConfigError, data_lib.DataError) as e:
         # No export/best, an arrays run, a split or override that does not apply, a missing dataset.
         raise SystemExit(f"error: {e}") from None

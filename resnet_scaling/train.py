@@ -8,6 +8,11 @@ prints it and exits). Multi-process jobs (TPU pod slices, SLURM, launch/local.py
 
 from __future__ import annotations
 
+from resnet_scaling.host import stopping
+
+if __name__ == "__main__":  # First: a Ctrl-C or SIGTERM during the imports below (seconds) ends in one line.
+    stopping.StopSignals.install(doing="starting")
+
 import functools
 import logging
 import os
@@ -61,12 +66,8 @@ def main(argv: list[str]) -> None:
                          "logs (--print_config alone shows the config without one).")
     new_workdir = not workdir_lib.as_path(_WORKDIR.value).exists()
     log_file = console.configure_command_line_logging(_WORKDIR.value)
-    job = process_setup.start_process(
-        throughput_flags=_THROUGHPUT_FLAGS.value, keep_freed_memory=_KEEP_FREED_MEMORY.value,
-        coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
-        process_id=_PROCESS_ID.value, initialization_timeout_sec=_INIT_TIMEOUT.value,
-        peer_timeout_sec=_PEER_TIMEOUT.value,
-        complete_checkpoints=functools.partial(checkpointing.complete_steps, _WORKDIR.value))
+    with stopping.phase("starting JAX (and joining the job)"):
+        job = _start_process()
     config = console.read_config_flag(_CONFIG)
     if cache_dir := compilation_cache_dir(config, _WORKDIR.value):
         enable_compilation_cache(cache_dir)  # The trainer's "Compiled" line names it, once the run starts.
@@ -86,7 +87,17 @@ def main(argv: list[str]) -> None:
         # (tens of seconds with a large shuffle buffer) while a preempted VM's grace period runs out.
         distributed.leave(job)
         logging.shutdown()
-        os._exit(0)
+        os._exit(stopping.STOPPED_EXIT_STATUS)
+
+
+def _start_process() -> distributed.DistributedSettings | None:
+    """The platform, XLA's flags and the job (`process_setup.start_process`), from the flags."""
+    return process_setup.start_process(
+        throughput_flags=_THROUGHPUT_FLAGS.value, keep_freed_memory=_KEEP_FREED_MEMORY.value,
+        coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
+        process_id=_PROCESS_ID.value, initialization_timeout_sec=_INIT_TIMEOUT.value,
+        peer_timeout_sec=_PEER_TIMEOUT.value,
+        complete_checkpoints=functools.partial(checkpointing.complete_steps, _WORKDIR.value))
 
 
 def compilation_cache_dir(config: ml_collections.ConfigDict, workdir: str) -> str | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -32,6 +33,7 @@ from resnet_scaling import workdir as workdir_lib
 from resnet_scaling.analysis import compiled as compiled_lib
 from resnet_scaling.checkpointing import divergence, preemption
 from resnet_scaling.errors import RunError
+from resnet_scaling.host import stopping
 from resnet_scaling.metrics import profiling, run_report
 from resnet_scaling.metrics.summary import SUMMARY_FILENAME
 
@@ -78,24 +80,33 @@ class TrainResult:
     summary: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def evaluate(eval_step_fn: Any, state: steps.TrainState, source: data_lib.DataSource) -> dict[str, float]:
-    """Runs one exact pass over the evaluation split; sums stay on the device until the end."""
+def evaluate(eval_step_fn: Any, state: steps.TrainState, source: data_lib.DataSource, *,
+             abandon: Callable[[], bool] | None = None) -> dict[str, float] | None:
+    """Runs one exact pass over the evaluation split; sums stay on the device until the end.
+
+    Args:
+      abandon: asked before each batch; True ends the pass early (a stop came in), returning None. Every
+        process must get the same answers (a single process's run only).
+    """
     totals = None
-    for batch in source.eval_batches():
-        sums = eval_step_fn(state, batch)
-        totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
+    with contextlib.closing(source.eval_batches()) as batches:
+        for batch in batches:
+            if abandon is not None and abandon():
+                return None
+            sums = eval_step_fn(state, batch)
+            totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
     if totals is None:
         raise ValueError("The evaluation split is empty.")
     return metrics_lib.summarize_eval(jax.device_get(totals))
 
 
-def timed_evaluate(eval_step_fn: Any, state: steps.TrainState, source: data_lib.DataSource
-                   ) -> dict[str, float]:
+def timed_evaluate(eval_step_fn: Any, state: steps.TrainState, source: data_lib.DataSource, *,
+                   abandon: Callable[[], bool] | None = None) -> dict[str, float] | None:
     """`evaluate`'s metrics and its wall time, `eval_sec` (kept out of `evaluate`, whose result every
-    process agrees on)."""
+    process agrees on); None if it was abandoned."""
     start = time.perf_counter()
-    metrics = evaluate(eval_step_fn, state, source)
-    return {**metrics, "eval_sec": time.perf_counter() - start}
+    metrics = evaluate(eval_step_fn, state, source, abandon=abandon)
+    return None if metrics is None else {**metrics, "eval_sec": time.perf_counter() - start}
 
 
 def train_and_evaluate(
@@ -122,9 +133,14 @@ def train_and_evaluate(
     console.show_progress()
     # The cheap checks first, in about a second: the slow set-up (devices, data, compilation) comes after.
     workdir_lib.check_writable(workdir)
-    if config.checkpoint.enabled and (saved := checkpointing.latest_saved_meta(workdir)) is not None:
+    saved = checkpointing.latest_saved_meta(workdir) if config.checkpoint.enabled else None
+    if saved is not None:
         checkpointing.check_compatible(saved["config"], config,
                                        str(workdir_lib.as_path(workdir) / "checkpoints"))
+    # What a stop before the first step leaves (`stopping`): the newest checkpoint, untouched.
+    stopping.set_safe(f"its checkpoint of step {saved['step']} is intact; rerun the same command to resume"
+                      if saved is not None else
+                      "nothing to save before the first step; rerun the same command to start")
     with _locked_workdir(workdir):
         try:
             return _train(config, workdir, arrays, devices, launch_start_wall)
@@ -156,7 +172,8 @@ def _locked_workdir(workdir: str) -> Iterator[None]:
     if error is not None:
         raise error
     try:
-        yield
+        with stopping.on_stop(lock.release) if lock is not None else contextlib.nullcontext():
+            yield
     finally:
         if lock is not None:
             lock.release()
@@ -166,61 +183,85 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
            arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None,
            devices: list[jax.Device] | None, launch_start_wall: float) -> TrainResult:
     """Sets the launch up, then trains its steps, evaluating, saving and stopping as the schedule says."""
-    launch = _launch(config, workdir, arrays, devices, launch_start_wall)
-    if isinstance(launch, TrainResult):
-        return launch  # The workdir's run had already finished.
-    schedule, report, state, start_step = launch.schedule, launch.report, launch.state, launch.start_step
-    batches, batch, train_step = launch.batches, launch.first_batch, launch.train_step
-    checkpoints = _Checkpoints(launch.checkpointer, state, start_step, launch.log,
-                               export=bool(config.checkpoint.export),
-                               max_param_norm_growth=config.training.max_param_norm_growth)
-    hooks = _step_hooks(tuple(config.training.profile_steps), workdir, write=launch.is_writer)
+    with stopping.phase("setting up the run"):  # The phases inside say more.
+        launch = _launch(config, workdir, arrays, devices, launch_start_wall)
+        if isinstance(launch, TrainResult):
+            return launch  # The workdir's run had already finished.
+        schedule, report, state, start_step = launch.schedule, launch.report, launch.state, launch.start_step
+        batches, batch, train_step = launch.batches, launch.first_batch, launch.train_step
+        checkpoints = _Checkpoints(launch.checkpointer, state, start_step, launch.log,
+                                   export=bool(config.checkpoint.export),
+                                   max_param_norm_growth=config.training.max_param_norm_growth)
+        hooks = _step_hooks(tuple(config.training.profile_steps), workdir, write=launch.is_writer)
     report.start(launch.compile_sec)
     preempted = stopped = False  # stopped: MLPerf mode, an evaluation reached MLPerf's target.
-    try:
-        if batches is None:  # MLPerf mode: no training data before run_start.
-            batches = launch.train_batches()
-        for step in range(start_step + 1, report.last_step + 1):  # `step` counts the steps done after it.
-            if batch is None or step > start_step + 1:
-                batch = report.next_batch(batches, step)
-            report.before_step(step)
-            for hook in hooks:
-                hook.before_step(step)
-            state, outputs = train_step(state, batch)
+    # From here a stop keeps what was trained: the loop saves at the next step and ends.
+    with stopping.phase("training", then="saving a checkpoint after the current step, then stopping"):
+        try:
+            if launch.evaluation_pending:  # A stop abandoned the evaluation of the checkpoint's step.
+                _, stopped = _evaluate(start_step, state, launch, checkpoints)
+            if batches is None and not stopped:  # MLPerf mode: no training data before run_start.
+                batches = launch.train_batches()
+            last_step = start_step if stopped else report.last_step  # stopped: MLPerf's target, reached.
+            for step in range(start_step + 1, last_step + 1):  # `step` counts the steps done after it.
+                if batch is None or step > start_step + 1:
+                    batch = report.next_batch(batches, step)
+                report.before_step(step)
+                for hook in hooks:
+                    hook.before_step(step)
+                state, outputs = train_step(state, batch)
+                for hook in reversed(hooks):
+                    hook.after_step(step, state, outputs)
+                report.after_step(step, outputs)
+                if schedule.is_log_step(step):
+                    checkpoints.check(report.fetch())  # A diverged run or a failed save ends here.
+                    report.log_point(step)
+                eval_metrics = None
+                if schedule.is_eval_step(step):
+                    eval_metrics, stopped = _evaluate(step, state, launch, checkpoints)
+                preempted = checkpoints.preempted(step)
+                if schedule.is_save_step(step, preempted=preempted, stopped=stopped):
+                    _save(step, state, eval_metrics, report, checkpoints,
+                          evaluation_pending=schedule.is_eval_step(step) and eval_metrics is None)
+                if preempted:
+                    checkpoints.log_preempted(step)
+                if preempted or stopped:
+                    break
+            report.stop(state, preempted)
+            with stopping.phase("exporting the final parameters", then="finishing the export, then stopping"):
+                checkpoints.export(state, ran_a_step=int(state.step) > start_step, preempted=preempted)
+            summary = report.finish(int(state.step), preempted=preempted, compile_sec=launch.compile_sec,
+                                    flops_per_device=compiled_lib.flops_per_device(train_step))
+            if launch.is_writer:
+                _log_headline(summary, {**report.files, **checkpoints.paths(preempted)})
+        finally:
             for hook in reversed(hooks):
-                hook.after_step(step, state, outputs)
-            report.after_step(step, outputs)
-            if schedule.is_log_step(step):
-                checkpoints.check(report.fetch())  # A diverged run or a failed save ends here.
-                report.log_point(step)
-            eval_metrics = None
-            if schedule.is_eval_step(step):
-                eval_metrics, stopped = report.evaluate(step, state, launch.evaluate)
-            preempted = checkpoints.preempted(step)
-            if schedule.is_save_step(step, preempted=preempted, stopped=stopped):
-                with report.checkpointing(step, state):
-                    checkpoints.save(step, state, report.fetch(), report.clock_state, eval_metrics)
-            if preempted:
-                checkpoints.log_preempted(step)
-            if preempted or stopped:
-                break
-        report.stop(state, preempted)
-        checkpoints.export(state, ran_a_step=int(state.step) > start_step, preempted=preempted)
-        summary = report.finish(int(state.step), preempted=preempted, compile_sec=launch.compile_sec,
-                                flops_per_device=compiled_lib.flops_per_device(train_step))
-        if launch.is_writer:
-            _log_headline(summary, {**report.files, **checkpoints.paths(preempted)})
-    finally:
-        for hook in reversed(hooks):
-            hook.close()
-        report.close()  # The MLPerf log's run_stop(aborted) if an error ended the run.
-        checkpoints.close_watcher()
-        if batches is not None:
-            batches.close()  # Ends the input pipeline now, not when the garbage collector frees it.
-        checkpoints.close()  # Waits for saves under way: nothing started is lost.
+                hook.close()
+            report.close()  # The MLPerf log's run_stop(aborted) if an error ended the run.
+            checkpoints.close_watcher()
+            if batches is not None:
+                batches.close()  # Ends the input pipeline now, not when the garbage collector frees it.
+            checkpoints.close()  # Waits for saves under way: nothing started is lost.
     return TrainResult(state=state, plan=launch.run.plan, train_history=report.train_history,
                        eval_history=report.eval_history, compile_sec=launch.compile_sec,
                        start_step=start_step, preempted=preempted, summary=summary)
+
+
+def _evaluate(step: int, state: steps.TrainState, launch: _Launch, checkpoints: _Checkpoints
+              ) -> tuple[dict[str, float] | None, bool]:
+    """The loop's evaluation after `step` (`RunReport.evaluate`), abandoned if a stop comes in."""
+    with stopping.phase(f"evaluating after step {step}", then=checkpoints.on_stop_in_evaluation):
+        return launch.report.evaluate(
+            step, state, functools.partial(launch.evaluate, abandon=checkpoints.stop_requested))
+
+
+def _save(step: int, state: steps.TrainState, eval_metrics: dict[str, float] | None,
+          report: run_report.RunReport, checkpoints: _Checkpoints, *, evaluation_pending: bool) -> None:
+    """Saves `state` after `step`, off the training clock; a stop meanwhile lets the save finish."""
+    with (stopping.phase(f"saving the checkpoint of step {step}", then="finishing the save, then stopping"),
+          report.checkpointing(step, state)):
+        checkpoints.save(step, state, report.fetch(), report.clock_state, eval_metrics,
+                         evaluation_pending=evaluation_pending)
 
 
 @dataclasses.dataclass
@@ -239,14 +280,16 @@ class _Launch:
     compile_sec: float
     batches: Iterator[Any] | None  # None in MLPerf mode until run_start (`train_batches`).
     first_batch: Any
+    evaluation_pending: bool  # The restored checkpoint's evaluation was abandoned: make it first.
 
     def train_batches(self) -> Iterator[Any]:
         """The training batches from the start step on."""
         return self.run.source.train_batches(start_step=self.start_step)
 
-    def evaluate(self, state: steps.TrainState) -> dict[str, float]:
-        """One exact evaluation of `state`, with its `eval_sec`."""
-        return timed_evaluate(self.run.eval_step, state, self.run.source)
+    def evaluate(self, state: steps.TrainState, *, abandon: Callable[[], bool] | None = None
+                 ) -> dict[str, float] | None:
+        """One exact evaluation of `state`, with its `eval_sec`; None if `abandon()` ended it early."""
+        return timed_evaluate(self.run.eval_step, state, self.run.source, abandon=abandon)
 
 
 def _launch(config: ml_collections.ConfigDict, workdir: str,
@@ -258,7 +301,8 @@ def _launch(config: ml_collections.ConfigDict, workdir: str,
     # On record from the launch's first moment: one that dies in its set-up still counts in goodput.
     goodput = metrics_lib.GoodputRecorder(workdir, None, launch_start_wall, write=is_writer)
     try:
-        run = training_setup.setup(config, devices=devices, arrays=arrays)
+        with stopping.phase("setting up the devices, the input and the model"):
+            run = training_setup.setup(config, devices=devices, arrays=arrays)
     except RunError:
         goodput.forget()  # A refused config or dataset: not a launch of the run.
         raise
@@ -267,7 +311,8 @@ def _launch(config: ml_collections.ConfigDict, workdir: str,
     _log_setup(log, run)
     checkpointer = (checkpointing.Checkpointer(workdir, config, class_names=source.class_names)
                     if config.checkpoint.enabled else None)
-    state, saved_meta = _restore(checkpointer, run.state, plan, log)
+    with stopping.phase("restoring the newest checkpoint"):
+        state, saved_meta = _restore(checkpointer, run.state, plan, log)
     start_step = int(state.step)
     if start_step >= plan.total_steps and checkpointer is not None:
         try:
@@ -289,13 +334,16 @@ def _launch(config: ml_collections.ConfigDict, workdir: str,
                                   saved_clock=saved_meta.get("clock") if saved_meta else None,
                                   start_step=start_step, launch_start_wall=launch_start_wall, write=is_writer)
     # MLPerf mode: no training data before run_start; the step compiles on the batch's shapes.
-    batches = None if config.mlperf.enabled else source.train_batches(start_step=start_step)
-    batch = None if batches is None else next(batches)
-    train_step, compile_sec = run.compile_train_step(state, batch)
+    with stopping.phase("reading the first batch"):
+        batches = None if config.mlperf.enabled else source.train_batches(start_step=start_step)
+        batch = None if batches is None else next(batches)
+    with stopping.phase("compiling the train step"):
+        train_step, compile_sec = run.compile_train_step(state, batch)
     _log_compiled(log, train_step, compile_sec)
     return _Launch(run=run, is_writer=is_writer, log=log, state=state, start_step=start_step,
                    schedule=schedule, report=report, checkpointer=checkpointer, train_step=train_step,
-                   compile_sec=compile_sec, batches=batches, first_batch=batch)
+                   compile_sec=compile_sec, batches=batches, first_batch=batch,
+                   evaluation_pending=bool(saved_meta and saved_meta.get("evaluation_pending")))
 
 
 class _Checkpoints:
@@ -316,6 +364,17 @@ class _Checkpoints:
         if self._checkpointer is not None:
             self._checkpointer.check_saves()
 
+    @property
+    def on_stop_in_evaluation(self) -> str:
+        """What a stop during an evaluation in the loop does."""
+        return ("abandoning the evaluation, saving a checkpoint, then stopping" if jax.process_count() == 1
+                else "finishing the evaluation (every process runs it), saving a checkpoint, then stopping")
+
+    def stop_requested(self) -> bool:
+        """Whether an evaluation should be abandoned: a stop came in (a single process's run only: the
+        processes of a job evaluate in step)."""
+        return self._watcher.stop_requested()
+
     def preempted(self, step: int) -> bool:
         """Whether every process saves and stops after `step` (a SIGTERM or Ctrl-C came in)."""
         return self._watcher.reached(step)
@@ -327,12 +386,13 @@ class _Checkpoints:
                   "checkpoints are off (config.checkpoint.enabled), nothing was saved")
 
     def save(self, step: int, state: steps.TrainState, losses: list[dict[str, float]],
-             clock: Callable[[], dict[str, Any]], eval_metrics: dict[str, float] | None) -> None:
-        """Saves `state` after `step` with `clock()` and the step's evaluation, once the steps' `losses`
-        and the state itself show that it has not diverged."""
+             clock: Callable[[], dict[str, Any]], eval_metrics: dict[str, float] | None, *,
+             evaluation_pending: bool) -> None:
+        """Saves `state` after `step` with `clock()` and the step's evaluation (`evaluation_pending`: it
+        was abandoned), once the steps' `losses` and the state itself show that it has not diverged."""
         self._guard.check_losses(losses)
         self._guard.check_state(step, state)
-        self._checkpointer.save(step, state, clock(), eval_metrics)
+        self._checkpointer.save(step, state, clock(), eval_metrics, evaluation_pending=evaluation_pending)
 
     def export(self, state: steps.TrainState, *, ran_a_step: bool, preempted: bool) -> None:
         """The final parameters to export/ (`checkpoint.export`); a launch that ran no step keeps an existing

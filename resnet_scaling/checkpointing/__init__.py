@@ -219,10 +219,11 @@ class Checkpointer:
         self.last_started_step: int | None = None
 
     def save(self, step: int, state: Any, clock: dict[str, float],
-             eval_metrics: dict[str, float] | None = None) -> None:
+             eval_metrics: dict[str, float] | None = None, *, evaluation_pending: bool = False) -> None:
         """Starts saving `state` at `step` (returns once the arrays are off the device), with each array's
         fingerprint (verified on restore) and the step's evaluation (which ranks the best). When to save
-        is the caller's to decide (`plan.LoopSchedule.is_save_step`).
+        is the caller's to decide (`plan.LoopSchedule.is_save_step`). `evaluation_pending`: the step's
+        evaluation was abandoned (a stop came in); the resumed run makes it first.
 
         Raises:
           CheckpointSaveError: an earlier background save failed, or this one could not start.
@@ -233,7 +234,7 @@ class Checkpointer:
             self.check_saves()
         meta = {"step": int(step), "config": config_fingerprint(self._config), "clock": clock,
                 "run_config": json.loads(self._config.to_json_best_effort()),
-                "fingerprints": state_checks.fingerprint(state)}
+                "fingerprints": state_checks.fingerprint(state), "evaluation_pending": evaluation_pending}
         # Empty metrics rank as never best (`best_metric`); none at all would make orbax warn at every save.
         evaluated = eval_metrics if self._config.checkpoint.keep_best else None
         metrics = {k: float(v) for k, v in (evaluated or {}).items() if k in ("eval_top1", "eval_loss")}

@@ -14,6 +14,7 @@ import io
 import logging
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Sequence
 
@@ -120,12 +121,35 @@ def find_eval_folder(root: str) -> str:
     raise DataError(f"{root!r} has no evaluation folder: add {root}/val/<class>/*.jpg (or validation/).")
 
 
+_STAGING_PREFIX = ".incomplete-"
+
+
+def _remove_abandoned_staging(parent: str) -> None:
+    """Removes the staging folders in `parent` of this host's writers that are gone."""
+    host = socket.gethostname()
+    for name in os.listdir(parent):
+        writer = name.removeprefix(f"{_STAGING_PREFIX}{host}-").split("-", 1)[0]
+        if name.startswith(_STAGING_PREFIX) and writer.isdigit() and not _process_alive(int(writer)):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # Another user's process.
+    return True
+
+
 def write_class_folders(root: str, splits: dict[str, tuple[np.ndarray, np.ndarray]],
                         class_names: Sequence[str], quality: int = 95) -> None:
     """Writes uint8 images as JPEG files in the class-folder layout, atomically.
 
     Staged beside `root` and renamed into place: a crash leaves no half-written dataset, and concurrent
-    writers (one per host) do not collide.
+    writers (one per host) do not collide. A staging folder this host's earlier writer left (it was
+    stopped or killed: Ctrl-C while the demo's files were written) is removed first.
 
     Args:
       root: the dataset folder to create; must not exist yet.
@@ -136,7 +160,8 @@ def write_class_folders(root: str, splits: dict[str, tuple[np.ndarray, np.ndarra
 
     parent = os.path.dirname(os.path.abspath(root))
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".incomplete-", dir=parent)
+    _remove_abandoned_staging(parent)
+    staging = tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{socket.gethostname()}-{os.getpid()}-", dir=parent)
     try:
         for split, (images, labels) in splits.items():
             for name in class_names:

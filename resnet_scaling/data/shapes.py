@@ -10,6 +10,8 @@ import os
 
 import numpy as np
 
+from resnet_scaling.host import stopping
+
 # make_shapes' labels index these. Written as class folders (the "shapes" source), they are read back as
 # folders are, numbered in sorted order: the demo's label 0 is "checkerboard" (its export's class_names).
 CLASS_NAMES = (
@@ -115,7 +117,8 @@ def shapes_folder(cache_dir: str, *, num_train: int, num_eval: int, image_size: 
     root = os.path.join(os.path.expanduser(cache_dir), name)
     if not os.path.isdir(root):
         # Different seeds keep the held-out images apart from the training images.
-        splits = {"train": make_shapes(num_train, image_size, seed=seed),
-                  "val": make_shapes(num_eval, image_size, seed=seed + 1_000_003)}
-        image_folders.write_class_folders(root, splits, CLASS_NAMES)
+        with stopping.phase("writing the generated dataset"):  # Written whole or not at all.
+            splits = {"train": make_shapes(num_train, image_size, seed=seed),
+                      "val": make_shapes(num_eval, image_size, seed=seed + 1_000_003)}
+            image_folders.write_class_folders(root, splits, CLASS_NAMES)
     return root

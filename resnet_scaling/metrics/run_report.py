@@ -126,17 +126,23 @@ class RunReport:
                         format_duration(eta))
             self._writers.write(step, record)
 
-    def evaluate(self, step: int, state: Any, evaluate_fn: Callable[[Any], dict[str, float]]
-                 ) -> tuple[dict[str, float], bool]:
+    def evaluate(self, step: int, state: Any, evaluate_fn: Callable[[Any], dict[str, float] | None]
+                 ) -> tuple[dict[str, float] | None, bool]:
         """One evaluation after `step`, off the training clock: `evaluate_fn(state)` (its metrics with their
-        `eval_sec`), logged, recorded, in the MLPerf log and towards time-to-accuracy.
+        `eval_sec`; None: abandoned, a stop came in), logged, recorded, in the MLPerf log and towards
+        time-to-accuracy.
 
         Returns:
-          The evaluation's record, and whether the run stops there (MLPerf mode, at MLPerf's target).
+          The evaluation's record (None if abandoned), and whether the run stops there (MLPerf mode, at
+          MLPerf's target).
         """
         with self._clock.paused(wait_for=state, step=step):  # Waits for the steps dispatched first.
             self._mlperf.eval_start(step)
-            record = {"step": step, **evaluate_fn(state)}
+            metrics = evaluate_fn(state)
+            if metrics is None:
+                self._log("Evaluation after step %d abandoned: a stop came in.", step)
+                return None, False
+            record = {"step": step, **metrics}
             epoch, top1 = self._plan.epochs_at(step), record["eval_top1"]
             if self._clock.evaluated(step, epoch, top1):
                 self._log("Reached the target top-1 %.4f at step %d (epoch %.2f): %.1fs timed, %.1fs wall.",
