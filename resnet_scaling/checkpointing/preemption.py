@@ -24,7 +24,8 @@ class PreemptionWatcher:
         self._installed = None
         if self._stop is None and threading.current_thread() is threading.main_thread():
             # Python delivers signals to the main thread only: elsewhere nothing is installed.
-            self._stop = self._installed = stopping.StopSignals.install(exit_process=False, doing="training")
+            self._stop = self._installed = stopping.StopSignals.install(
+                exit_process=False, doing="training", take_sigterm=jax.process_count() == 1)
         if self._stop is not None:
             self._stop.forward_sigint_as_sigterm = jax.process_count() > 1
 

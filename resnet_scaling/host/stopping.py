@@ -86,8 +86,8 @@ class StopSignals:
         self.forward_sigint_as_sigterm = False
 
     @classmethod
-    def install(cls, *, exit_process: bool = True, doing: str = "starting",
-                safe: str = NOTHING_WRITTEN) -> StopSignals:
+    def install(cls, *, exit_process: bool = True, doing: str = "starting", safe: str = NOTHING_WRITTEN,
+                take_sigterm: bool = True) -> StopSignals:
         """Takes SIGINT and SIGTERM for this process (from the main thread).
 
         Args:
@@ -95,9 +95,10 @@ class StopSignals:
             code): a stop is only recorded, for the loop to act on.
           doing: the phase it starts in.
           safe: what is safe if it stops now (the end of the stop's line).
+          take_sigterm: False leaves SIGTERM to its handler (a joined job's: JAX's preemption notice).
         """
         stop = cls(exit_process=exit_process, doing=doing, safe=safe)
-        for signum in _SIGNALS:
+        for signum in _SIGNALS if take_sigterm else (signal.SIGINT,):
             stop._previous_handlers[signum] = signal.signal(signum, stop._handle)
         if exit_process:
             reader, writer = socket.socketpair()
@@ -200,8 +201,7 @@ class StopSignals:
         elif phase.then is None and self._exit_process:
             self._stop_now(f"Stopped ({name}) while {phase.doing}: {self._safe}.", STOPPED_EXIT_STATUS)
         elif phase.then is not None:
-            _say(f"{name} while {phase.doing}: {phase.then}"
-                 + (" (Ctrl-C again stops at once)." if self._exit_process or self._wakeup is None else "."))
+            _say(f"{name} while {phase.doing}: {phase.then} (Ctrl-C again stops at once).")
             if self.forward_sigint_as_sigterm and signum == signal.SIGINT:
                 os.kill(os.getpid(), signal.SIGTERM)
 
