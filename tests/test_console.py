@@ -93,6 +93,8 @@ def test_the_demo_command_learns_from_jpeg_files_and_prints_under_60_lines_endin
     # cache, 12,000 to train on and 2,000 held out (the classes take turns: 1,200 and 200 each).
     (root,) = cache.glob("shapes-*")
     assert f"Input: class folders in {root}" in proc.stderr
+    # Written first, in about half a minute: the console's first line says so (it was silent until then).
+    assert messages[0] == f"Writing the demo dataset (14,000 JPEGs) to {root}, once; about 30 s.", messages[0]
     for split, per_class in (("train", 1200), ("val", 200)):
         folders = list((root / split).iterdir())
         assert len(folders) == 10 and all(len(list(f.glob("*.jpg"))) == per_class for f in folders), split
