@@ -71,6 +71,7 @@ def main(argv: list[str]) -> None:
     if cache_dir := compilation_cache_dir(config, _WORKDIR.value):
         enable_compilation_cache(cache_dir)  # The trainer's "Compiled" line names it, once the run starts.
     try:
+        refuse_a_config_for_more_devices(config)
         result = trainer.train_and_evaluate(config, _WORKDIR.value)  # Validates the config first, once.
     except errors.RunError as e:  # Bad config, data, workdir, checkpoints, divergence: say what to do.
         if new_workdir:  # A refused first launch leaves no empty workdir behind.
@@ -87,6 +88,19 @@ def main(argv: list[str]) -> None:
         distributed.leave(job)
         logging.shutdown()
         os._exit(0)
+
+
+def refuse_a_config_for_more_devices(config: ml_collections.ConfigDict) -> None:
+    """`setup`'s refusal of a config written for more devices than the job has, made here, where the
+    `--config` value its advice names (`compile --config=pod`) is known.
+
+    Raises:
+      ConfigError: `config.mesh.num_devices` exceeds the job's devices.
+    """
+    devices = jax.devices()
+    if config.mesh.num_devices > len(devices):
+        value = config_lib.config_flag_value(config_flags.get_config_filename(flags.FLAGS["config"]))
+        raise config_lib.too_few_devices_error(config, len(devices), devices[0].platform, config_arg=value)
 
 
 def compilation_cache_dir(config: ml_collections.ConfigDict, workdir: str) -> str | None:
