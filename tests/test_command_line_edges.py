@@ -89,16 +89,19 @@ def test_a_pod_config_here_is_one_error_line_whose_advice_leads_past_the_config(
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, proc.stderr[-3000:]
     assert errors[0].startswith("error: config.mesh.num_devices: this config is written for 512 devices")
-    assert "python -m resnet_scaling.compile --config=" in errors[0]
+    assert "python -m resnet_scaling.compile --config=pod (the [tpu] extra)" in errors[0]  # As typed.
     assert not workdir.exists(), sorted(p.name for p in workdir.rglob("*"))
     advice = errors[0].split("To train it on these devices, add ", 1)[1].rstrip(".").split()
     assert "--config.mesh.num_devices=-1" in advice and all(a.startswith("--config.") for a in advice)
     data_dir = tmp_path / "no_datasets_here"
     proc = _run(["-m", "resnet_scaling.train", "--config=pod", f"--workdir={workdir}", *advice,
                  f"--config.data.data_dir={data_dir}"], tmp_path)
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    lines = proc.stderr.splitlines()
+    errors = [line for line in lines if line.startswith("error:")]
     assert proc.returncode != 0 and len(errors) == 1, proc.stderr[-3000:]
     assert errors[0].startswith("error: TFDS dataset 'imagenet2012' is not prepared"), errors[0]
+    # Ours first: no warning from TFDS before it about the dataset's folder, which does not exist.
+    assert not any("warning" in line for line in lines[:lines.index(errors[0])]), proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("args, message", [
