@@ -5,6 +5,7 @@ Each runs as a user runs it: `python -m ...` in a fresh process, with the machin
 import importlib.util
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -34,6 +35,10 @@ def test_help_exits_zero_without_warnings(command, tmp_path):
     assert "--workdir" in proc.stdout
     # runpy warns when the package has already imported the module `-m` is about to run.
     assert "RuntimeWarning" not in proc.stderr and "sys.modules" not in proc.stderr, proc.stderr
+    # The files it cites exist: in the package (host/memory.py) or the checkout (configs/*.py).
+    cited = set(re.findall(r"[\w/*.-]+\.py\b", proc.stdout))
+    assert cited and all(any((root / name).exists() or list(root.glob(name)) for root in (REPO,
+                         REPO / "resnet_scaling")) for name in cited if not name.startswith("/")), cited
 
 
 def test_print_config_prints_the_overridden_config_and_exits_without_a_workdir(tmp_path):
