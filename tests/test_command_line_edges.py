@@ -138,6 +138,8 @@ def test_a_malformed_command_line_is_one_error_line_saying_what_to_type(tmp_path
      "error: unexpected arguments: /tmp/run; the command takes flags only"),
     ("evaluate", [], "error: --workdir is required (--help describes it)."),
     ("evaluate", ["--workdir=/tmp/run", "--override=data.data_dir"], "error: --override takes FIELD=VALUE"),
+    ("evaluate", ["--workdir=/tmp/run", "--weights=bset"],
+     "error: --weights=bset: expects one of export, best, got 'bset'; did you mean best?"),
     ("compile", [], "error: --config is required (or --shipped): the config to compile."),
     ("planner", ["--price=pod"], 'error: --price=pod: expected "SYSTEM=USD_PER_CHIP_HOUR:SOURCE"'),
 ])
