@@ -525,15 +525,17 @@ def overrides_for_devices(config: ml_collections.ConfigDict, num_devices: int) -
     return overrides
 
 
-def too_few_devices_error(config: ml_collections.ConfigDict, num_visible: int, platform: str) -> ConfigError:
+def too_few_devices_error(config: ml_collections.ConfigDict, num_visible: int, platform: str,
+                          config_arg: str = "CONFIG") -> ConfigError:
     """The refusal of a config whose `mesh.num_devices` exceeds the devices visible, with the two ways on:
-    compile it for its TPU topology here, or the overrides that train it on these devices."""
+    compile it for its TPU topology here (`--config=config_arg`: the command line's value where it is
+    known), or the overrides that train it on these devices."""
     system = f", {config.system.name}," if config.system.name else ""
     visible = f"{num_visible} {platform} device" + (" is" if num_visible == 1 else "s are")
     flags = " ".join(f"--config.{field}={value}"
                      for field, value in overrides_for_devices(config, num_visible).items())
     check = ("To check it here, compile its step for its topology: python -m resnet_scaling.compile "
-             "--config=CONFIG (the [tpu] extra). " if config.system.topology else "")
+             f"--config={config_arg} (the [tpu] extra). " if config.system.topology else "")
     return ConfigError(
         f"config.mesh.num_devices: this config is written for {config.mesh.num_devices} devices{system} and "
         f"{visible} visible. {check}To train it on these devices, add {flags}.")
@@ -582,6 +584,17 @@ def shipped_config_names() -> list[str]:
     """The names `--config` accepts besides paths: "demo", "pod", "gpu_h100x8", ..."""
     folder = shipped_configs_dir()
     return sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__") if folder else []
+
+
+def config_flag_value(path: str) -> str:
+    """The `--config` value a person types for `path` (as `find_config_file` resolved it): a shipped
+    config's name ("pod", with its ":arg" if any), else `path` itself."""
+    file, sep, arg = path.partition(":")
+    folder = shipped_configs_dir()
+    candidate = pathlib.Path(file)
+    if folder is not None and candidate.suffix == ".py" and candidate.resolve().parent == folder.resolve():
+        return candidate.stem + sep + arg
+    return path
 
 
 def find_config_file(value: str) -> str:

@@ -68,10 +68,21 @@ def _flag_error_message(error: Exception) -> str:
     flag, value, cause = parsed.groups()
     if "must have a value other than None" in cause:  # absl's words for a required flag left out.
         return f"{flag} is required (--help describes it)."
+    if choices := re.match(r"value should be one of <(.*)>$", cause):  # An enum flag's value mistyped.
+        return f"{flag}={value}: {_choice_suggestion(value, choices.group(1).split('|'))}"
     expected = next((words for key, words in _EXPECTED_VALUES if key in cause.lower()), None)
     if expected is None:
         return f"{flag}={value}: {cause}"
     return f"{flag}={value}: expects {expected}, got {value!r}."
+
+
+def _choice_suggestion(value: str, choices: list[str]) -> str:
+    """"expects one of export, best, got 'bset'; did you mean best?" (the hint where one is close)."""
+    import difflib
+
+    close = difflib.get_close_matches(value, choices, n=1)
+    return (f"expects one of {', '.join(choices)}, got {value!r}" +
+            (f"; did you mean {close[0]}?" if close else "."))
 
 
 def refuse_arguments(argv: list[str]) -> None:

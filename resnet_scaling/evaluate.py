@@ -36,7 +36,7 @@ def _define_flags() -> None:
                               "e.g. data.data_dir=/mnt/tfds (a moved dataset); repeatable.")
     flags.DEFINE_bool("keep_freed_memory", True, "On the CPU: run the evaluation step on the main thread and "
                       "have glibc keep the memory a step frees for the next, as training does "
-                      "(host_memory.py). No effect on accelerators.")
+                      "(host/memory.py). No effect on accelerators.")
 
 
 def main(argv: list[str]) -> None:

@@ -71,7 +71,8 @@ def evaluate_workdir(
                                has_arrays=arrays is not None)
     batch = plan_lib.batch_plan_for_mesh(config, mesh)
     parts = sections_lib.read(config)
-    source = data_lib.create_data_source(parts.data, mesh, _source_arrays(arrays), batch=batch)
+    source = data_lib.create_data_source(parts.data, mesh, _source_arrays(arrays), batch=batch,
+                                         evaluation_only=True)
     if source.num_eval_examples == 0:
         raise data_lib.DataError(f"The evaluation split ({split_name(config)}) holds no images.")
     state = replicated_state(models.model_from_config(parts.model), variables, mesh)

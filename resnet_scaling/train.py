@@ -45,12 +45,12 @@ _INIT_TIMEOUT = flags.DEFINE_integer(
 _PEER_TIMEOUT = flags.DEFINE_float(
     "peer_timeout_sec", None, "Multi-process jobs: stop, naming the lost process, when another process has "
     "shown no sign of life for this long (default: $RESNET_SCALING_PEER_TIMEOUT_SEC or 60; 0 turns it off).")
-_THROUGHPUT_FLAGS = flags.DEFINE_bool("throughput_flags", True,
-                                      "Add the XLA/libtpu flags of xla_flags.py for the detected backend.")
+_THROUGHPUT_FLAGS = flags.DEFINE_bool(
+    "throughput_flags", True, "Add the XLA/libtpu flags of host/xla_flags.py for the detected backend.")
 _KEEP_FREED_MEMORY = flags.DEFINE_bool(
     "keep_freed_memory", True, "Steps on the CPU: run them on the main thread and have glibc keep the memory "
     "a step frees for the next, instead of faulting it in again (1.3x the ResNet-50 step on 2 cores; "
-    "host_memory.py). No effect on accelerators.")
+    "host/memory.py). No effect on accelerators.")
 _PRINT_CONFIG = flags.DEFINE_bool(
     "print_config", False, "Print the config, overrides applied, as a config file with each field's comment "
     "(--config=FILE runs it), and exit without training (a run writes it to WORKDIR/config.json).")
@@ -72,6 +72,7 @@ def main(argv: list[str]) -> None:
     if cache_dir := compilation_cache_dir(config, _WORKDIR.value):
         enable_compilation_cache(cache_dir)  # The trainer's "Compiled" line names it, once the run starts.
     try:
+        refuse_a_config_for_more_devices(config)
         result = trainer.train_and_evaluate(config, _WORKDIR.value)  # Validates the config first, once.
     except errors.RunError as e:  # Bad config, data, workdir, checkpoints, divergence: say what to do.
         if new_workdir:  # A refused first launch leaves no empty workdir behind.
@@ -98,6 +99,19 @@ def _start_process() -> distributed.DistributedSettings | None:
         process_id=_PROCESS_ID.value, initialization_timeout_sec=_INIT_TIMEOUT.value,
         peer_timeout_sec=_PEER_TIMEOUT.value,
         complete_checkpoints=functools.partial(checkpointing.complete_steps, _WORKDIR.value))
+
+
+def refuse_a_config_for_more_devices(config: ml_collections.ConfigDict) -> None:
+    """`setup`'s refusal of a config written for more devices than the job has, made here, where the
+    `--config` value its advice names (`compile --config=pod`) is known.
+
+    Raises:
+      ConfigError: `config.mesh.num_devices` exceeds the job's devices.
+    """
+    devices = jax.devices()
+    if config.mesh.num_devices > len(devices):
+        value = config_lib.config_flag_value(config_flags.get_config_filename(flags.FLAGS["config"]))
+        raise config_lib.too_few_devices_error(config, len(devices), devices[0].platform, config_arg=value)
 
 
 def compilation_cache_dir(config: ml_collections.ConfigDict, workdir: str) -> str | None:

@@ -41,13 +41,13 @@ def tiny_config(**overrides):
     return config
 
 
-def data_source(config, mesh, arrays=None):
+def data_source(config, mesh, arrays=None, **kwargs):
     """`data.create_data_source` for a whole config: its data section and batch plan on `mesh`."""
     # Imported here: worker processes import this module before they set up JAX.
     from resnet_scaling import data, plan, sections
 
     return data.create_data_source(sections.read(config).data, mesh, arrays,
-                                   batch=plan.batch_plan_for_mesh(config, mesh))
+                                   batch=plan.batch_plan_for_mesh(config, mesh), **kwargs)
 
 
 def model_of(config, plan=None):

@@ -83,6 +83,26 @@ def test_exported_parameters_load_with_one_call_and_rebuild_the_model(tmp_path):
     assert last_config.to_dict() == config.to_dict()
 
 
+def _docs_comparison_block() -> str:
+    text = (REPO / "docs" / "checkpoints.md").read_text()
+    start = text.index("## Two runs, bit for bit")
+    return re.search(r"```python\n(.*?)```", text[start:], flags=re.S).group(1)
+
+
+def test_the_docs_comparison_of_two_runs_says_whether_they_are_equal_bit_for_bit(tmp_path, capsys):
+    """docs/checkpoints.md's snippet, run as written: on the same tiny run made twice (whose orbax files
+    differ in their bytes, as the page says), then on a run and one of its earlier checkpoints."""
+    for name in ("a", "b"):
+        _train(tmp_path / name, training__num_train_steps=4)
+    files = [{p.relative_to(tmp_path / name): p.read_bytes() for p in (tmp_path / name / "export").rglob("*")
+              if p.is_file()} for name in ("a", "b")]
+    assert files[0] != files[1]
+    for other, expected in ((tmp_path / "b", "True"), (tmp_path / "a" / "checkpoints" / "2", "False")):
+        block = _docs_comparison_block().replace("/tmp/run_a", str(tmp_path / "a"))
+        exec(compile(block.replace("/tmp/run_b", str(other)), "docs/checkpoints.md", "exec"), {})  # noqa: S102
+        assert capsys.readouterr().out.split() == [expected], other
+
+
 def test_a_checkpoint_written_on_8_devices_resumes_on_4(tmp_path):
     written = _train(tmp_path, training__num_train_steps=4)
     m = mesh.create_mesh(4)

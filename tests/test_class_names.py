@@ -7,6 +7,7 @@ dataset's declared label names, the list given for arrays.
 """
 
 import json
+import logging
 import os
 import shutil
 
@@ -17,6 +18,7 @@ import tensorflow_datasets as tfds
 from resnet_scaling import checkpointing, data, mesh, trainer
 from resnet_scaling import config as config_lib
 from resnet_scaling import plan as plan_lib
+from resnet_scaling.evaluation import evaluate_workdir
 from resnet_scaling.predict import Predictor
 from tests.helpers import data_source, random_arrays, tiny_config
 from tests.image_files import encode
@@ -76,6 +78,16 @@ def test_a_folder_run_names_its_predictions_after_its_folders(fruit_run):
     # The best evaluation's checkpoint is named too, from the workdir (its checkpoints hold no copy).
     assert Predictor.from_workdir(str(workdir), weights="best").class_names == expected
     assert not any((workdir / "checkpoints").rglob(checkpointing.CLASS_NAMES_FILENAME))
+
+
+def test_evaluating_a_folder_run_again_reads_and_names_its_evaluation_split_alone(fruit_run, caplog):
+    """`evaluate`'s "Input:" line names the images it reads, not the training set it does not."""
+    workdir, result = fruit_run
+    with caplog.at_level(logging.INFO, logger="resnet_scaling"):
+        evaluation = evaluate_workdir(str(workdir), write=False)
+    assert evaluation["eval_count"] == 12 and evaluation["eval_top1"] == result.eval_history[-1]["eval_top1"]
+    assert [m for m in caplog.messages if m.startswith("Input:")] == [
+        f"Input: class folders in {workdir.parent / 'data'}: 12 evaluation images; process 0 of 1 reads 12."]
 
 
 def test_a_copied_export_keeps_its_names_and_an_older_one_has_none(fruit_run, tmp_path):

@@ -5,6 +5,7 @@ Each runs as a user runs it: `python -m ...` in a fresh process, with the machin
 import importlib.util
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -34,6 +35,10 @@ def test_help_exits_zero_without_warnings(command, tmp_path):
     assert "--workdir" in proc.stdout
     # runpy warns when the package has already imported the module `-m` is about to run.
     assert "RuntimeWarning" not in proc.stderr and "sys.modules" not in proc.stderr, proc.stderr
+    # The files it cites exist: in the package (host/memory.py) or the checkout (configs/*.py).
+    cited = set(re.findall(r"[\w/*.-]+\.py\b", proc.stdout))
+    assert cited and all(any((root / name).exists() or list(root.glob(name)) for root in (REPO,
+                         REPO / "resnet_scaling")) for name in cited if not name.startswith("/")), cited
 
 
 def test_print_config_prints_the_overridden_config_and_exits_without_a_workdir(tmp_path):
@@ -89,16 +94,19 @@ def test_a_pod_config_here_is_one_error_line_whose_advice_leads_past_the_config(
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, proc.stderr[-3000:]
     assert errors[0].startswith("error: config.mesh.num_devices: this config is written for 512 devices")
-    assert "python -m resnet_scaling.compile --config=" in errors[0]
+    assert "python -m resnet_scaling.compile --config=pod (the [tpu] extra)" in errors[0]  # As typed.
     assert not workdir.exists(), sorted(p.name for p in workdir.rglob("*"))
     advice = errors[0].split("To train it on these devices, add ", 1)[1].rstrip(".").split()
     assert "--config.mesh.num_devices=-1" in advice and all(a.startswith("--config.") for a in advice)
     data_dir = tmp_path / "no_datasets_here"
     proc = _run(["-m", "resnet_scaling.train", "--config=pod", f"--workdir={workdir}", *advice,
                  f"--config.data.data_dir={data_dir}"], tmp_path)
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    lines = proc.stderr.splitlines()
+    errors = [line for line in lines if line.startswith("error:")]
     assert proc.returncode != 0 and len(errors) == 1, proc.stderr[-3000:]
     assert errors[0].startswith("error: TFDS dataset 'imagenet2012' is not prepared"), errors[0]
+    # Ours first: no warning from TFDS before it about the dataset's folder, which does not exist.
+    assert not any("warning" in line for line in lines[:lines.index(errors[0])]), proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -130,6 +138,8 @@ def test_a_malformed_command_line_is_one_error_line_saying_what_to_type(tmp_path
      "error: unexpected arguments: /tmp/run; the command takes flags only"),
     ("evaluate", [], "error: --workdir is required (--help describes it)."),
     ("evaluate", ["--workdir=/tmp/run", "--override=data.data_dir"], "error: --override takes FIELD=VALUE"),
+    ("evaluate", ["--workdir=/tmp/run", "--weights=bset"],
+     "error: --weights=bset: expects one of export, best, got 'bset'; did you mean best?"),
     ("compile", [], "error: --config is required (or --shipped): the config to compile."),
     ("planner", ["--price=pod"], 'error: --price=pod: expected "SYSTEM=USD_PER_CHIP_HOUR:SOURCE"'),
 ])

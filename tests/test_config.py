@@ -103,6 +103,15 @@ def test_a_config_for_more_devices_than_visible_is_refused_with_overrides_that_v
     validate(config, num_devices=num_visible)
 
 
+def test_the_config_flags_value_for_a_shipped_config_is_its_name_and_for_another_its_path(tmp_path):
+    """What a refusal's advice puts after `--config=`: what `find_config_file` resolved, turned back."""
+    for name in ("pod", "demo"):
+        assert config_lib.config_flag_value(config_lib.find_config_file(name)) == name
+    mine = tmp_path / "pod.py"
+    mine.write_text("")
+    assert config_lib.config_flag_value(str(mine)) == str(mine)
+
+
 def test_base_config_validates_on_a_pod_slice():
     validate(get_base_config(), num_devices=512)
 

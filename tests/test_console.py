@@ -87,12 +87,21 @@ def test_the_demo_command_learns_from_jpeg_files_and_prints_under_60_lines_endin
     assert all(progress) and [int(p[1]) for p in progress] == [*range(25, 563, 25), 563], messages
     summary = json.loads((workdir / "summary.json").read_text())
     assert f"final {100 * summary['accuracy']['final_eval_top1']:.2f}%" in headline[1]
+    # The README's table of what the workdir holds names what is there: each path, and nothing left out.
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("The workdir holds what the run wrote"):].split("\n\n")[1]
+    listed = {re.sub(r"<[^>]+>", "*", name) for name in re.findall(r"`([^`]+)`", "\n".join(
+        row.split(" | ")[0] for row in table.splitlines()[2:]))}
+    assert all(list(workdir.glob(name.rstrip("/"))) for name in listed), listed
+    assert {p.name for p in workdir.iterdir()} <= {name.split("/")[0] for name in listed}, listed
     assert json.loads((workdir / "config.json").read_text())["model"]["name"] == "resnet18"
 
     # It read real files through the input pipeline: JPEGs in 10 class folders, written once into the
     # cache, 12,000 to train on and 2,000 held out (the classes take turns: 1,200 and 200 each).
     (root,) = cache.glob("shapes-*")
     assert f"Input: class folders in {root}" in proc.stderr
+    # Written first, in about half a minute: the console's first line says so (it was silent until then).
+    assert messages[0] == f"Writing the demo dataset (14,000 JPEGs) to {root}, once; about 30 s.", messages[0]
     for split, per_class in (("train", 1200), ("val", 200)):
         folders = list((root / split).iterdir())
         assert len(folders) == 10 and all(len(list(f.glob("*.jpg"))) == per_class for f in folders), split

@@ -1,6 +1,8 @@
 """Data sources: per-process shares, reproducible streams, restarts, exact evaluation, bad input."""
 
 import itertools
+import logging
+import pathlib
 import threading
 
 import jax
@@ -152,6 +154,19 @@ def test_shapes_dataset_is_deterministic_balanced_and_varied():
     assert not np.array_equal(images, other)
     # Each image shows contrast (a shape or texture), not a flat colour.
     assert (images.reshape(200, -1).std(axis=1) > 20).all()
+
+
+def test_the_shapes_folder_is_written_once_saying_so_before_the_wait(tmp_path, caplog):
+    """The demo's first run writes 14,000 JPEGs (half a minute): a line before, none on later runs."""
+    with caplog.at_level(logging.INFO, logger="resnet_scaling"):
+        root = shapes.shapes_folder(str(tmp_path), num_train=30, num_eval=20)
+    assert len(list(pathlib.Path(root).glob("*/*/*.jpg"))) == 50
+    assert caplog.messages[0].startswith(f"Writing the demo dataset (50 JPEGs) to {root}, once; about ")
+    assert len(caplog.messages) == 2 and caplog.messages[1].startswith("Wrote the demo dataset in ")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="resnet_scaling"):
+        assert shapes.shapes_folder(str(tmp_path), num_train=30, num_eval=20) == root
+    assert caplog.messages == []
 
 
 def test_a_split_without_any_image_names_its_empty_class_folders_and_the_files_it_ignored(tmp_path):

@@ -253,6 +253,19 @@ def test_a_dataset_most_of_whose_sample_is_bad_is_refused_naming_the_files(tmp_p
     assert "\n" not in message
 
 
+@pytest.mark.parametrize("evaluation_only", [False, True])
+def test_the_input_line_names_the_splits_its_reader_reads(folders, caplog, evaluation_only):
+    """Training reads both splits; `evaluate` (evaluation_only) the evaluation split alone, and says so."""
+    with caplog.at_level(logging.INFO, logger="resnet_scaling"):
+        _source(_folder_config(folders), evaluation_only=evaluation_only)
+    lines = [m for m in caplog.messages if m.startswith("Input:")]
+    # write_folders: 3 classes of 8 training and 3 evaluation images.
+    assert lines == [f"Input: class folders in {folders}: 9 evaluation images; process 0 of 1 reads 9."
+                     if evaluation_only else
+                     f"Input: class folders in {folders}: 24 training and 9 evaluation images; process 0 of "
+                     "1 reads 24 and 9."]
+
+
 def test_evaluation_names_the_images_it_left_out_once(folders, caplog):
     (folders / "val" / "class_1" / "truncated.JPEG").write_bytes(encode(with_identity(1))[:300])
     source = _source(_folder_config(folders))

@@ -46,6 +46,7 @@ def create_data_source(
     arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None,
     *,
     batch: plan_lib.BatchPlan,
+    evaluation_only: bool = False,
 ) -> DataSource:
     """Builds the source `data.source` names.
 
@@ -54,6 +55,7 @@ def create_data_source(
       mesh: the device mesh batches are sharded over.
       arrays: `(train_images, train_labels, eval_images, eval_labels)` for the "arrays" source.
       batch: the run's batch sizes (`plan.batch_plan_for_mesh(config, mesh)`).
+      evaluation_only: the caller reads the evaluation split alone: the "Input:" line names only it.
 
     Raises:
       DataError: the dataset is missing, unprepared or does not match the config; the message says
@@ -80,6 +82,6 @@ def create_data_source(
         tf_import.import_tensorflow_for_host()
         from resnet_scaling.data import pipeline  # Imports TensorFlow.
 
-        return pipeline.source_from_config(data, mesh, batch)
+        return pipeline.source_from_config(data, mesh, batch, evaluation_only=evaluation_only)
     raise ValueError(f"config.data.source: unknown source {source!r}; choose one of "
                      f"{', '.join(DATA_SOURCES)}.")

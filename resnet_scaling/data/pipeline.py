@@ -107,16 +107,22 @@ def preprocess_config(data: DataConfig) -> preprocessing.PreprocessConfig:
         resize_method=data.resize_method)
 
 
-def source_from_config(data: DataConfig, mesh: Mesh, batch: BatchPlan) -> TFDataSource:
-    """This process's tf.data source for the "tfds", "folders" and "shapes" sources."""
+def source_from_config(data: DataConfig, mesh: Mesh, batch: BatchPlan, *,
+                       evaluation_only: bool = False) -> TFDataSource:
+    """This process's tf.data source for the "tfds", "folders" and "shapes" sources; `evaluation_only`:
+    its "Input:" line names the evaluation split alone (`evaluate` reads nothing else)."""
     index, count = jax.process_index(), jax.process_count()
     shares = record_shares(data, index, count)
     if shares.num_classes is not None and shares.num_classes != data.num_classes:
         raise DataError(f"The dataset has {shares.num_classes} classes but config.model.num_classes is "
                         f"{data.num_classes}; set --config.model.num_classes={shares.num_classes}.")
-    logger.info("Input: %s: %d training and %d evaluation images; process %d of %d reads %d and %d.",
-                 shares.description, shares.num_train_examples, shares.num_eval_examples, index, count,
-                 shares.train.num_examples, shares.eval.num_examples)
+    if evaluation_only:
+        logger.info("Input: %s: %d evaluation images; process %d of %d reads %d.", shares.description,
+                    shares.num_eval_examples, index, count, shares.eval.num_examples)
+    else:
+        logger.info("Input: %s: %d training and %d evaluation images; process %d of %d reads %d and %d.",
+                    shares.description, shares.num_train_examples, shares.num_eval_examples, index, count,
+                    shares.train.num_examples, shares.eval.num_examples)
     return TFDataSource(
         shares, preprocess=preprocess_config(data), batch=batch, mesh=mesh,
         seed=data.seed, num_threads=data.num_threads, prefetch_batches=data.prefetch_batches,

@@ -6,11 +6,15 @@ noise. Nothing is downloaded; the same seed gives the same images on every machi
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 
 import numpy as np
 
 from resnet_scaling.host import stopping
+
+logger = logging.getLogger(__name__)
 
 # make_shapes' labels index these. Written as class folders (the "shapes" source), they are read back as
 # folders are, numbered in sorted order: the demo's label 0 is "checkerboard" (its export's class_names).
@@ -106,6 +110,8 @@ def make_shapes(num_examples: int, image_size: int = 32, seed: int = 0) -> tuple
 
 # Bump when make_shapes or the file layout changes, so that stale cached copies are not reused.
 _FOLDER_VERSION = 1
+# Drawing and writing one 32x32 image: the demo's 14,000 took 26 s on a 2-core VM; said before the wait.
+_WRITE_SEC_PER_IMAGE = 30 / 14_000
 
 
 def shapes_folder(cache_dir: str, *, num_train: int, num_eval: int, image_size: int = 32,
@@ -116,9 +122,16 @@ def shapes_folder(cache_dir: str, *, num_train: int, num_eval: int, image_size: 
     name = f"shapes-v{_FOLDER_VERSION}-{image_size}px-{num_train}-{num_eval}-seed{seed}"
     root = os.path.join(os.path.expanduser(cache_dir), name)
     if not os.path.isdir(root):
+        # Half a minute for the demo on a first run: a line first, not a silent wait.
+        num_images = num_train + num_eval
+        logger.info("Writing the demo dataset (%s JPEGs) to %s, once; about %d s.", f"{num_images:,}", root,
+                    max(1, round(num_images * _WRITE_SEC_PER_IMAGE * (image_size / 32) ** 2)))
+        start = time.perf_counter()
         # Different seeds keep the held-out images apart from the training images.
         with stopping.phase("writing the generated dataset"):  # Written whole or not at all.
             splits = {"train": make_shapes(num_train, image_size, seed=seed),
                       "val": make_shapes(num_eval, image_size, seed=seed + 1_000_003)}
             image_folders.write_class_folders(root, splits, CLASS_NAMES)
+        logger.info("Wrote the demo dataset in %.1f s; later runs read it from there.",
+                    time.perf_counter() - start)
     return root

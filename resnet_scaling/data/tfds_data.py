@@ -34,7 +34,9 @@ def open_builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
     except tfds.core.registered.DatasetNotFoundError as e:
         raise DataError(f"config.data.dataset: TFDS has no dataset {name!r} "
                         "(see https://www.tensorflow.org/datasets/catalog for names).") from e
-    if not builder.is_prepared():
+    # A missing folder is simply unprepared: `is_prepared` would first warn that it has no
+    # dataset_info.json, a line before ours about a folder that does not exist.
+    if not builder.data_path.exists() or not builder.is_prepared():
         base = name.split(":")[0].split("/")[0]
         # Our command, not `tfds build`: that one needs Apache Beam, which this package does not install.
         how = _MANUAL_INSTRUCTIONS.get(base, "Prepare it with\n"
