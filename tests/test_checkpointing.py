@@ -49,10 +49,10 @@ def test_the_last_k_checkpoints_and_the_best_evaluations_are_kept(tmp_path, monk
     evaluated = {}  # step -> the variables each evaluation saw, recorded apart from the checkpointer.
     real_evaluate = trainer.evaluate
 
-    def recording_evaluate(eval_step_fn, state, source):
+    def recording_evaluate(eval_step_fn, state, source, **options):
         evaluated[int(state.step)] = jax.device_get({"params": state.params,
                                                      "batch_stats": state.batch_stats})
-        return real_evaluate(eval_step_fn, state, source)
+        return real_evaluate(eval_step_fn, state, source, **options)
 
     monkeypatch.setattr(trainer, "evaluate", recording_evaluate)
     result = _train(tmp_path, checkpoint__keep=2, eval__every_epochs=0.5)

@@ -49,10 +49,10 @@ def record_evaluations(path: pathlib.Path) -> None:
 
     real_evaluate = trainer.evaluate
 
-    def recording_evaluate(eval_step_fn, state, source):
+    def recording_evaluate(eval_step_fn, state, source, **options):
         fed.clear()
         padding[0] = 0
-        metrics = real_evaluate(eval_step_fn, state, source)
+        metrics = real_evaluate(eval_step_fn, state, source, **options)
         record = {"step": int(state.step), "ids": fed, "padding": padding[0], **metrics}
         with open(path, "a") as out:
             out.write(json.dumps(record) + "\n")
