@@ -101,6 +101,8 @@ class BatchPlan:
       num_local_devices: this process's devices in the mesh.
       num_processes: processes the mesh spans.
       bn_group_size: images per batch-norm group in training; None for the whole global batch.
+      eval_global_batch_size: `eval.global_batch_size`; once fitted to an evaluation set
+        (`for_eval_set`, as `derive` and the data sources do), never more than that set needs.
     """
 
     global_batch_size: int
@@ -125,6 +127,18 @@ class BatchPlan:
     @property
     def eval_per_process_batch_size(self) -> int:
         return self.eval_global_batch_size * self.num_local_devices // self.num_devices
+
+    def for_eval_set(self, num_eval_examples: int) -> BatchPlan:
+        """This plan with an evaluation batch no larger than `num_eval_examples` needs: the configured one,
+        or, for a smaller set, the fewest images per device that take every process's share in one step
+        (1,024 for 128 images on 8 devices pads 896 images per pass and runs 8x the work; 128 pads none).
+
+        Every source and `derive` fit their plan here, so they agree on the batch."""
+        largest_share = math.ceil(num_eval_examples / self.num_processes)
+        per_device = max(1, math.ceil(largest_share / self.num_local_devices))
+        fitted = min(self.eval_global_batch_size, per_device * self.num_devices)
+        return self if fitted == self.eval_global_batch_size else dataclasses.replace(
+            self, eval_global_batch_size=fitted)
 
     def eval_steps(self, num_eval_examples: int) -> int:
         """Evaluation steps for one exact pass: every process runs this many, enough for the largest
@@ -158,7 +172,8 @@ class TrainingPlan:
     """Values derived from a config, the mesh and the number of training examples.
 
     Attributes:
-      batch: the batch sizes (global, per process, per device; training and evaluation) and BN groups.
+      batch: the batch sizes (global, per process, per device; training and evaluation) and BN groups;
+        the evaluation batch fitted to the evaluation set (`BatchPlan.for_eval_set`).
       steps_per_epoch: rounded up; for display and bookkeeping (durations in epochs: `duration_steps`).
       warmup_steps: whole warm-up steps (rounded down, as tensorflow/tpu): where the decay starts counting.
       peak_learning_rate: learning rate at the end of warm-up.
@@ -232,6 +247,7 @@ def derive(config: ml_collections.ConfigDict, num_train_examples: int, num_devic
         raise ConfigError(f"The training split is empty ({num_train_examples} examples).")
     if num_eval_examples is None:
         num_eval_examples = int(config.data.num_eval_examples)
+    batch = batch.for_eval_set(num_eval_examples)  # As the data source fitted its own.
     global_batch = batch.global_batch_size
 
     def steps(duration: Duration) -> int:

@@ -460,6 +460,9 @@ def _log_setup(log: Callable[..., None], run: training_setup.TrainingSetup) -> N
         plan.steps_per_epoch, plan.epochs_at(plan.total_steps), plan.peak_learning_rate, plan.warmup_steps)
     log("Timing: images/sec and time to accuracy are measured after step %d (training.timing_warmup_*).",
         plan.timing_warmup_steps)
+    eval_batch, configured = plan.batch.eval_global_batch_size, config.eval.global_batch_size
+    log("Evaluation: %d images in %d step(s) of %d%s.", plan.num_eval_examples, plan.eval_steps, eval_batch,
+        "" if eval_batch == configured else f" (eval.global_batch_size {configured}, fitted to the set)")
     log("Model: %s, %s parameters, compute dtype %s.", config.model.name, f"{run.num_params:,}",
         config.model.compute_dtype)
 

@@ -7,11 +7,12 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from resnet_scaling import config as config_lib
 from resnet_scaling import trainer
-from tests.helpers import launch_xla_flags, random_arrays, tiny_config
+from tests.helpers import launch_xla_flags, model_of, random_arrays, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -29,6 +30,34 @@ def test_metrics_are_written_as_json_lines_with_train_and_eval_records(tmp_path)
     assert all(type(r["eval_count"]) is int and r["eval_count"] == 20 for r in evals)
     assert int(result.state.step) == 4
     assert (tmp_path / "tensorboard").is_dir()
+
+
+def test_a_small_evaluation_set_is_one_padded_batch_and_its_metrics_are_exact(tmp_path, monkeypatch):
+    """20 evaluation images, the default evaluation batch of 1,024, 8 devices: one batch of 24 (3 a device),
+    and top-1 and loss those of the final parameters applied to the 20 images outside the library's step."""
+    batch_sizes = []
+    real_evaluate = trainer.evaluate
+
+    def counting_evaluate(eval_step_fn, state, source):
+        batch_sizes.append([int(b["mask"].shape[0]) for b in source.eval_batches()])
+        return real_evaluate(eval_step_fn, state, source)
+
+    monkeypatch.setattr(trainer, "evaluate", counting_evaluate)
+    config = tiny_config(eval__global_batch_size=1024)
+    arrays = random_arrays()
+    result = trainer.train_and_evaluate(config, str(tmp_path), arrays=arrays)
+    assert batch_sizes == [[24]]  # One evaluation, at the end, in one batch.
+    final = result.eval_history[-1]
+    assert final["eval_count"] == 20
+    _, _, eval_x, eval_y = arrays
+    mean, std = np.asarray(config.data.mean_rgb), np.asarray(config.data.stddev_rgb)
+    variables = {"params": result.state.params, "batch_stats": result.state.batch_stats}
+    logits = np.asarray(model_of(config).apply(variables, (eval_x / 255.0 - mean) / std, train=False),
+                        np.float64)
+    assert final["eval_top1"] == np.mean(np.argmax(logits, -1) == eval_y)
+    log_probs = logits - np.log(np.sum(np.exp(logits - logits.max(-1, keepdims=True)), -1,
+                                       keepdims=True)) - logits.max(-1, keepdims=True)
+    np.testing.assert_allclose(final["eval_loss"], -np.mean(log_probs[np.arange(20), eval_y]), rtol=1e-4)
 
 
 def test_non_finite_loss_stops_training_with_the_step(tmp_path):
