@@ -286,6 +286,8 @@ class LoopSchedule:
     Attributes:
       total_steps: the run's last step.
       log_every_steps: steps between log points (fetches of the training metrics).
+      log_every_sec: seconds after which a step is a log point too, however few steps the last one was
+        (0: never); a run of slow steps still shows progress.
       eval_every_steps: steps between evaluations, where `eval_after_steps` is None.
       eval_after_steps: MLPerf mode: exactly the steps an evaluation follows (`eval_steps_by_epochs`).
       checkpoint_every_steps: steps between checkpoints.
@@ -298,6 +300,7 @@ class LoopSchedule:
 
     total_steps: int
     log_every_steps: int
+    log_every_sec: float = 0.0
     eval_every_steps: int = 0
     eval_after_steps: tuple[int, ...] | None = None
     checkpoint_every_steps: int = 0
@@ -305,10 +308,12 @@ class LoopSchedule:
     save_evaluated: bool = False
     stop_at_target: bool = False
 
-    def is_log_step(self, step: int) -> bool:
-        """Whether the training metrics are fetched, checked and logged after `step`; in MLPerf mode at
-        every evaluation too, where the run may stop."""
+    def is_log_step(self, step: int, sec_since_log: float = 0.0) -> bool:
+        """Whether the training metrics are fetched, checked and logged after `step`: every
+        `log_every_steps`, once `sec_since_log` (since the last progress line) reaches `log_every_sec`,
+        and in MLPerf mode at every evaluation too, where the run may stop."""
         return (_every(step, self.log_every_steps, self.total_steps)
+                or (self.log_every_sec > 0 and sec_since_log >= self.log_every_sec)
                 or (self.stop_at_target and self.is_eval_step(step)))
 
     def is_eval_step(self, step: int) -> bool:
@@ -360,11 +365,16 @@ def eval_steps_by_epochs(num_train_examples: int, global_batch_size: int, every_
 
 def loop_schedule(config: ml_collections.ConfigDict, plan: TrainingPlan) -> LoopSchedule:
     """The run's `LoopSchedule`: the plan's intervals, or in MLPerf mode (`mlperf.enabled`) evaluations
-    every `mlperf.eval_every_epochs` epochs by images seen and a stop at MLPerf's target."""
+    every `mlperf.eval_every_epochs` epochs by images seen and a stop at MLPerf's target.
+
+    `training.log_every_sec` applies to single-process runs only: a log point checks for divergence and
+    failed saves, and raises there, so every process must take the same ones; each process's clock would
+    choose its own (agreeing would cost a collective per step)."""
     mlperf = bool(config.mlperf.enabled)
     return LoopSchedule(
         total_steps=plan.total_steps,
         log_every_steps=plan.log_every_steps,
+        log_every_sec=float(config.training.log_every_sec) if plan.batch.num_processes == 1 else 0.0,
         eval_every_steps=plan.eval_every_steps,
         eval_after_steps=eval_steps_by_epochs(plan.num_train_examples, plan.global_batch_size,
                                               int(config.mlperf.eval_every_epochs), plan.total_steps)

@@ -190,7 +190,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
             for hook in reversed(hooks):
                 hook.after_step(step, state, outputs)
             report.after_step(step, outputs)
-            if schedule.is_log_step(step):
+            if schedule.is_log_step(step, report.sec_since_line()):
                 checkpoints.check(report.fetch())  # A diverged run or a failed save ends here.
                 report.log_point(step)
             eval_metrics = None

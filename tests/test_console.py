@@ -81,10 +81,13 @@ def test_the_demo_command_learns_from_jpeg_files_and_prints_under_60_lines_endin
     assert "Timing: images/sec and time to accuracy are measured after step 94 (training.timing_warmup_*)." \
         in messages
     assert sum(f"compilation cache {workdir}/compilation_cache" in m for m in messages) == 1
-    # Progress at every log point: where it is, the loss, images/sec and the time left.
+    # Progress at every log point: where it is, the loss, images/sec and the time left. Every 25 steps and
+    # at the end; on a machine slow enough, also 30 s after the last line (training.log_every_sec).
     line = r"step (\d+)/563 \(epoch [\d.]+\): loss [\d.]+, .*, [\d.]+ images/sec, ETA \S+"
     progress = [re.fullmatch(line, m) for m in messages if m.startswith("step ")]
-    assert all(progress) and [int(p[1]) for p in progress] == [*range(25, 563, 25), 563], messages
+    logged = [int(p[1]) for p in progress if p]
+    assert all(progress) and logged == sorted(set(logged)) and {*range(25, 563, 25), 563} <= set(logged), \
+        messages
     summary = json.loads((workdir / "summary.json").read_text())
     assert f"final {100 * summary['accuracy']['final_eval_top1']:.2f}%" in headline[1]
     assert json.loads((workdir / "config.json").read_text())["model"]["name"] == "resnet18"
@@ -101,8 +104,9 @@ def test_the_demo_command_learns_from_jpeg_files_and_prints_under_60_lines_endin
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "loss" in r]
     evals = [r for r in records if "eval_top1" in r]
-    # A log point every 25 steps and at the end; the training loss falls (2.3 to 0.1 on this machine).
-    assert [r["step"] for r in train] == [*range(25, 563, 25), 563]
+    # A log point every 25 steps and at the end (and any by time, as above); the training loss falls (2.3
+    # to 0.1 on this machine).
+    assert [r["step"] for r in train] == logged
     assert train[-1]["loss"] < 0.2 * train[0]["loss"], [r["loss"] for r in train]
     # An evaluation every 2 epochs (187.5 steps) and at the end, each of every held-out image once; the
     # last is the headline's.

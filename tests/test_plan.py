@@ -139,6 +139,23 @@ def test_the_fitted_eval_batch_is_the_smallest_that_takes_every_share_in_as_few_
     assert (fitted.global_batch_size, fitted.num_devices) == (batch.global_batch_size, batch.num_devices)
 
 
+def test_the_loop_schedule_logs_after_log_every_sec_in_single_process_runs_only():
+    schedule = plan.LoopSchedule(total_steps=10, log_every_steps=100, log_every_sec=30.0)
+    assert not schedule.is_log_step(3, sec_since_log=29.9) and schedule.is_log_step(3, sec_since_log=30.0)
+    assert schedule.is_log_step(10)  # The last step, as ever.
+    off = plan.LoopSchedule(total_steps=10, log_every_steps=100)
+    assert not off.is_log_step(3, sec_since_log=1e9)
+    config = tiny_config(training__log_every_sec=30.0)
+    assert get_base_config().training.log_every_sec == 30.0  # The default.
+    for num_processes, expected in ((1, 30.0), (2, 0.0)):
+        batch = plan.batch_plan(config, 8, num_local_devices=8 // num_processes, num_processes=num_processes)
+        training_plan = plan.derive(config, 64, batch=batch, num_eval_examples=20)
+        assert plan.loop_schedule(config, training_plan).log_every_sec == expected
+    config.training.log_every_sec = -1.0
+    with pytest.raises(ConfigError, match="config.training.log_every_sec: must be >= 0"):
+        validate(config)
+
+
 def test_the_loop_schedule_logs_evaluates_and_saves_every_n_steps_and_at_the_end():
     schedule = plan.LoopSchedule(total_steps=10, log_every_steps=3, eval_every_steps=4,
                                  checkpoint_every_steps=5, checkpoints=True)

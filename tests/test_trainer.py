@@ -7,6 +7,7 @@ import pathlib
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -58,6 +59,22 @@ def test_a_small_evaluation_set_is_one_padded_batch_and_its_metrics_are_exact(tm
     log_probs = logits - np.log(np.sum(np.exp(logits - logits.max(-1, keepdims=True)), -1,
                                        keepdims=True)) - logits.max(-1, keepdims=True)
     np.testing.assert_allclose(final["eval_loss"], -np.mean(log_probs[np.arange(20), eval_y]), rtol=1e-4)
+
+
+def test_progress_comes_after_log_every_sec_whatever_the_step_interval_and_training_is_the_same(tmp_path):
+    """Log points by time (here: after every step) besides those by steps (here: only the last) add
+    records, and change nothing the run learns."""
+    by_time = trainer.train_and_evaluate(
+        tiny_config(training__log_every_steps=1000, training__log_every_sec=1e-9), str(tmp_path / "time"),
+        arrays=random_arrays())
+    by_steps = trainer.train_and_evaluate(
+        tiny_config(training__log_every_steps=1000, training__log_every_sec=0.0), str(tmp_path / "steps"),
+        arrays=random_arrays())
+    assert [(r["step"], r["window_steps"]) for r in by_time.train_history] == [(1, 1), (2, 1), (3, 1), (4, 1)]
+    assert [(r["step"], r["window_steps"]) for r in by_steps.train_history] == [(4, 4)]
+    for a, b in zip(jax.tree.leaves(by_time.state.params), jax.tree.leaves(by_steps.state.params),
+                    strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_non_finite_loss_stops_training_with_the_step(tmp_path):

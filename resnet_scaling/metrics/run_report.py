@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -79,6 +80,7 @@ class RunReport:
                       config.mlperf.eval_every_epochs, config.mlperf.target_top1, self._mlperf.path)
         self._buffer = MetricsBuffer()
         self._interval_first_step = start_step + 1
+        self._last_line_time = time.monotonic()  # Of the last progress or evaluation line.
         self._writers: MetricWriters | None = None
         self.train_history: list[dict[str, float]] = []
         self.eval_history: list[dict[str, float]] = []
@@ -91,6 +93,7 @@ class RunReport:
                                           config_text=str(self._config), resume_step=self._start_step)
         self._mlperf.run_start()
         self._clock.start(compile_sec)
+        self._last_line_time = time.monotonic()
 
     def next_batch(self, batches: Iterator[T], step: int) -> T:
         """Step `step`'s batch, the wait for it on the training clock."""
@@ -111,6 +114,11 @@ class RunReport:
         """The steps' metrics not fetched yet (blocks until computed): for the divergence checks."""
         return self._buffer.fetch()
 
+    def sec_since_line(self) -> float:
+        """Seconds since the last progress or evaluation line (or the loop's start): the loop logs once
+        they reach `training.log_every_sec` (`LoopSchedule.is_log_step`)."""
+        return time.monotonic() - self._last_line_time
+
     def log_point(self, step: int) -> None:
         """Closes the log interval ending at `step`: its means and timing, as a record, logged and written.
 
@@ -124,6 +132,7 @@ class RunReport:
         if since_resume:
             record["window_since_resume"] = True
         self._interval_first_step = step + 1
+        self._last_line_time = time.monotonic()
         self.train_history.append(record)
         if self._writers is not None:
             eta = (plan.total_steps - step) * record.get("sec_per_step", 0.0)
@@ -169,6 +178,7 @@ class RunReport:
             self.eval_history.append(record)
             if self._writers is not None:
                 self._writers.write(step, record)
+        self._last_line_time = time.monotonic()
         return record, stops
 
     @contextlib.contextmanager
