@@ -56,9 +56,9 @@ class StepHook(Protocol):
         pass
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class TrainResult:
-    """What a run leaves behind.
+    """What a run leaves behind; `print(result)` shows the run's closing headline, not its arrays.
 
     Attributes:
       train_history: one record per log point (step, loss, top1, top5, images_per_sec, ...).
@@ -66,6 +66,7 @@ class TrainResult:
       start_step: the step the run started from (> 0 when it resumed from a checkpoint).
       preempted: whether it stopped early on SIGTERM after saving a checkpoint.
       summary: the headline figures (`metrics.summary`'s schema), as in summary.json.
+      files: name -> path of what the run wrote (summary, checkpoints, exported weights; process 0).
     """
 
     state: steps.TrainState
@@ -76,6 +77,22 @@ class TrainResult:
     start_step: int = 0
     preempted: bool = False
     summary: dict[str, Any] = dataclasses.field(default_factory=dict)
+    files: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        final = self.eval_history[-1]["eval_top1"] if self.eval_history else None
+        return (f"TrainResult(step {int(self.state.step)} of {self.plan.total_steps}, final top-1 "
+                f"{'n/a' if final is None else f'{100 * final:.2f}%'}, {len(self.train_history)} training "
+                f"and {len(self.eval_history)} evaluation records; print() it for the headline)")
+
+    def __str__(self) -> str:
+        try:
+            lines = console.headline(self.summary, self.files)
+        except (KeyError, TypeError):  # No summary (a result made by hand): the one-line form.
+            lines = [repr(self)]
+        records = (f"  records: {len(self.train_history)} training (.train_history), "
+                   f"{len(self.eval_history)} evaluation (.eval_history); also .state, .plan")
+        return "\n".join([*lines, records])
 
 
 def evaluate(eval_step_fn: Any, state: steps.TrainState, source: data_lib.DataSource) -> dict[str, float]:
@@ -177,6 +194,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
     hooks = _step_hooks(tuple(config.training.profile_steps), workdir, write=launch.is_writer)
     report.start(launch.compile_sec)
     preempted = stopped = False  # stopped: MLPerf mode, an evaluation reached MLPerf's target.
+    files: dict[str, str] = {}  # What process 0 wrote, named in the headline.
     try:
         if batches is None:  # MLPerf mode: no training data before run_start.
             batches = launch.train_batches()
@@ -209,7 +227,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
         summary = report.finish(int(state.step), preempted=preempted, compile_sec=launch.compile_sec,
                                 flops_per_device=compiled_lib.flops_per_device(train_step))
         if launch.is_writer:
-            _log_headline(summary, {**report.files, **checkpoints.paths(preempted)})
+            files = {**report.files, **checkpoints.paths(preempted)}
+            _log_headline(summary, files)
     finally:
         for hook in reversed(hooks):
             hook.close()
@@ -220,7 +239,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
         checkpoints.close()  # Waits for saves under way: nothing started is lost.
     return TrainResult(state=state, plan=launch.run.plan, train_history=report.train_history,
                        eval_history=report.eval_history, compile_sec=launch.compile_sec,
-                       start_step=start_step, preempted=preempted, summary=summary)
+                       start_step=start_step, preempted=preempted, summary=summary, files=files)
 
 
 @dataclasses.dataclass
