@@ -143,6 +143,10 @@ def get_base_config() -> ml_collections.ConfigDict:
     config.training.num_epochs = 90.0
     config.training.label_smoothing = 0.0  # Weight of the uniform distribution mixed into the labels.
     config.training.log_every_steps = 100  # Fetch metrics from the device and log them this often.
+    # ...and at the first step this many seconds after the last progress line, so that slow steps (a CPU)
+    # still show progress; 0: steps only. Single-process runs only (a multi-process job logs by steps: its
+    # processes must agree on every log point). Training is the same either way.
+    config.training.log_every_sec = 30.0
     # Divergence guard: a state whose parameter norm grew more than this factor since the run (re)started
     # is never checkpointed; 0: off. Weight decay and BN keep it within a few x; a runaway learning rate
     # multiplies it by 1e3-1e10 in a few steps, before the loss turns NaN (NaN is never checkpointed anyway).
@@ -471,6 +475,8 @@ def _check(v: _Problems, config: ml_collections.ConfigDict, num_devices: int | N
     target = config.eval.target_top1
     v.require(0.0 < target <= 1.0, "eval.target_top1",
               f"must lie in (0, 1] (0.76 the case study's, 0.759 MLPerf's), got {target}.")
+    v.require(config.training.log_every_sec >= 0, "training.log_every_sec",
+              f"must be >= 0 (0: log by steps only), got {config.training.log_every_sec}.")
     v.require(config.optimizer.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0.")
     v.require(config.optimizer.lars_epsilon >= 0, "optimizer.lars_epsilon", "must be >= 0.")
     v.require(0.0 <= config.optimizer.momentum < 1.0, "optimizer.momentum", "must lie in [0, 1).")

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from absl import flags
 
 LIBRARY_LOGGER = "resnet_scaling"
+# The name of the handler `show_progress` gives our logger.
+PROGRESS_HANDLER = "resnet_scaling.progress"
 # How long a failed command waits for other threads (an orbax save in flight) after its error line.
 EXIT_GRACE_SEC = 10.0
 # absl's help flags: each prints its text, then absl exits with status 1.
@@ -243,16 +245,38 @@ def exit_after_error(message: str, code: int = 1) -> None:
 
 
 def show_progress() -> None:
-    """Makes our INFO lines visible to code that set nothing up (a notebook, a script): our logger goes to
-    INFO unless its level was set (`logging.getLogger("resnet_scaling").setLevel(logging.WARNING)`
-    silences it), and gets a handler of its own only when no handler would receive its lines."""
+    """Makes our INFO lines visible, with the time of day, to code that set nothing up (a notebook, a
+    script): our logger goes to INFO unless its level was set (`logging.getLogger("resnet_scaling")
+    .setLevel(logging.WARNING)` silences it), and gets a handler of its own unless logging was configured.
+
+    A bare `logging.basicConfig()` on the root logger counts as nothing set up: absl calls it at its first
+    log line when the root has no handler (orbax logs one at import), and its lines carry no time
+    ("INFO:resnet_scaling.trainer:step ..."). Ours then keeps our lines from it, not to print them twice; a
+    handler configured later (on our logger, or any other on the root) takes them back at the next run."""
     logger = logging.getLogger(LIBRARY_LOGGER)
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.INFO)
-    if not logger.hasHandlers():
+    ours = [h for h in logger.handlers if h.get_name() == PROGRESS_HANDLER]
+    configured = len(ours) < len(logger.handlers) or not all(map(_is_bare_default, logging.root.handlers))
+    if configured:
+        for handler in ours:
+            logger.removeHandler(handler)
+        if ours:
+            logger.propagate = True
+        return
+    if not ours:
         handler = logging.StreamHandler(sys.stderr)
+        handler.set_name(PROGRESS_HANDLER)
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
         logger.addHandler(handler)
+    logger.propagate = False
+
+
+def _is_bare_default(handler: logging.Handler) -> bool:
+    """Whether `handler` is what `logging.basicConfig()` makes with no arguments (what absl calls)."""
+    formatter = handler.formatter
+    return (type(handler) is logging.StreamHandler and formatter is not None
+            and formatter._fmt == logging.BASIC_FORMAT)
 
 
 def headline(summary: Mapping[str, Any], paths: Mapping[str, str]) -> list[str]:

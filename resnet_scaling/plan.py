@@ -101,6 +101,8 @@ class BatchPlan:
       num_local_devices: this process's devices in the mesh.
       num_processes: processes the mesh spans.
       bn_group_size: images per batch-norm group in training; None for the whole global batch.
+      eval_global_batch_size: `eval.global_batch_size`; once fitted to an evaluation set
+        (`for_eval_set`, as `derive` and the data sources do), never more than that set needs.
     """
 
     global_batch_size: int
@@ -125,6 +127,18 @@ class BatchPlan:
     @property
     def eval_per_process_batch_size(self) -> int:
         return self.eval_global_batch_size * self.num_local_devices // self.num_devices
+
+    def for_eval_set(self, num_eval_examples: int) -> BatchPlan:
+        """This plan with an evaluation batch no larger than `num_eval_examples` needs: the configured one,
+        or, for a smaller set, the fewest images per device that take every process's share in one step
+        (1,024 for 128 images on 8 devices pads 896 images per pass and runs 8x the work; 128 pads none).
+
+        Every source and `derive` fit their plan here, so they agree on the batch."""
+        largest_share = math.ceil(num_eval_examples / self.num_processes)
+        per_device = max(1, math.ceil(largest_share / self.num_local_devices))
+        fitted = min(self.eval_global_batch_size, per_device * self.num_devices)
+        return self if fitted == self.eval_global_batch_size else dataclasses.replace(
+            self, eval_global_batch_size=fitted)
 
     def eval_steps(self, num_eval_examples: int) -> int:
         """Evaluation steps for one exact pass: every process runs this many, enough for the largest
@@ -158,7 +172,8 @@ class TrainingPlan:
     """Values derived from a config, the mesh and the number of training examples.
 
     Attributes:
-      batch: the batch sizes (global, per process, per device; training and evaluation) and BN groups.
+      batch: the batch sizes (global, per process, per device; training and evaluation) and BN groups;
+        the evaluation batch fitted to the evaluation set (`BatchPlan.for_eval_set`).
       steps_per_epoch: rounded up; for display and bookkeeping (durations in epochs: `duration_steps`).
       warmup_steps: whole warm-up steps (rounded down, as tensorflow/tpu): where the decay starts counting.
       peak_learning_rate: learning rate at the end of warm-up.
@@ -232,6 +247,7 @@ def derive(config: ml_collections.ConfigDict, num_train_examples: int, num_devic
         raise ConfigError(f"The training split is empty ({num_train_examples} examples).")
     if num_eval_examples is None:
         num_eval_examples = int(config.data.num_eval_examples)
+    batch = batch.for_eval_set(num_eval_examples)  # As the data source fitted its own.
     global_batch = batch.global_batch_size
 
     def steps(duration: Duration) -> int:
@@ -270,6 +286,8 @@ class LoopSchedule:
     Attributes:
       total_steps: the run's last step.
       log_every_steps: steps between log points (fetches of the training metrics).
+      log_every_sec: seconds after which a step is a log point too, however few steps the last one was
+        (0: never); a run of slow steps still shows progress.
       eval_every_steps: steps between evaluations, where `eval_after_steps` is None.
       eval_after_steps: MLPerf mode: exactly the steps an evaluation follows (`eval_steps_by_epochs`).
       checkpoint_every_steps: steps between checkpoints.
@@ -282,6 +300,7 @@ class LoopSchedule:
 
     total_steps: int
     log_every_steps: int
+    log_every_sec: float = 0.0
     eval_every_steps: int = 0
     eval_after_steps: tuple[int, ...] | None = None
     checkpoint_every_steps: int = 0
@@ -289,10 +308,12 @@ class LoopSchedule:
     save_evaluated: bool = False
     stop_at_target: bool = False
 
-    def is_log_step(self, step: int) -> bool:
-        """Whether the training metrics are fetched, checked and logged after `step`; in MLPerf mode at
-        every evaluation too, where the run may stop."""
+    def is_log_step(self, step: int, sec_since_log: float = 0.0) -> bool:
+        """Whether the training metrics are fetched, checked and logged after `step`: every
+        `log_every_steps`, once `sec_since_log` (since the last progress line) reaches `log_every_sec`,
+        and in MLPerf mode at every evaluation too, where the run may stop."""
         return (_every(step, self.log_every_steps, self.total_steps)
+                or (self.log_every_sec > 0 and sec_since_log >= self.log_every_sec)
                 or (self.stop_at_target and self.is_eval_step(step)))
 
     def is_eval_step(self, step: int) -> bool:
@@ -344,11 +365,16 @@ def eval_steps_by_epochs(num_train_examples: int, global_batch_size: int, every_
 
 def loop_schedule(config: ml_collections.ConfigDict, plan: TrainingPlan) -> LoopSchedule:
     """The run's `LoopSchedule`: the plan's intervals, or in MLPerf mode (`mlperf.enabled`) evaluations
-    every `mlperf.eval_every_epochs` epochs by images seen and a stop at MLPerf's target."""
+    every `mlperf.eval_every_epochs` epochs by images seen and a stop at MLPerf's target.
+
+    `training.log_every_sec` applies to single-process runs only: a log point checks for divergence and
+    failed saves, and raises there, so every process must take the same ones; each process's clock would
+    choose its own (agreeing would cost a collective per step)."""
     mlperf = bool(config.mlperf.enabled)
     return LoopSchedule(
         total_steps=plan.total_steps,
         log_every_steps=plan.log_every_steps,
+        log_every_sec=float(config.training.log_every_sec) if plan.batch.num_processes == 1 else 0.0,
         eval_every_steps=plan.eval_every_steps,
         eval_after_steps=eval_steps_by_epochs(plan.num_train_examples, plan.global_batch_size,
                                               int(config.mlperf.eval_every_epochs), plan.total_steps)

@@ -58,9 +58,9 @@ class StepHook(Protocol):
         pass
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class TrainResult:
-    """What a run leaves behind.
+    """What a run leaves behind; `print(result)` shows the run's closing headline, not its arrays.
 
     Attributes:
       train_history: one record per log point (step, loss, top1, top5, images_per_sec, ...).
@@ -68,6 +68,7 @@ class TrainResult:
       start_step: the step the run started from (> 0 when it resumed from a checkpoint).
       preempted: whether it stopped early on SIGTERM after saving a checkpoint.
       summary: the headline figures (`metrics.summary`'s schema), as in summary.json.
+      files: name -> path of what the run wrote (summary, checkpoints, exported weights; process 0).
     """
 
     state: steps.TrainState
@@ -78,6 +79,22 @@ class TrainResult:
     start_step: int = 0
     preempted: bool = False
     summary: dict[str, Any] = dataclasses.field(default_factory=dict)
+    files: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        final = self.eval_history[-1]["eval_top1"] if self.eval_history else None
+        return (f"TrainResult(step {int(self.state.step)} of {self.plan.total_steps}, final top-1 "
+                f"{'n/a' if final is None else f'{100 * final:.2f}%'}, {len(self.train_history)} training "
+                f"and {len(self.eval_history)} evaluation records; print() it for the headline)")
+
+    def __str__(self) -> str:
+        try:
+            lines = console.headline(self.summary, self.files)
+        except (KeyError, TypeError):  # No summary (a result made by hand): the one-line form.
+            lines = [repr(self)]
+        records = (f"  records: {len(self.train_history)} training (.train_history), "
+                   f"{len(self.eval_history)} evaluation (.eval_history); also .state, .plan")
+        return "\n".join([*lines, records])
 
 
 def evaluate(eval_step_fn: Any, state: steps.TrainState, source: data_lib.DataSource, *,
@@ -195,6 +212,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
         hooks = _step_hooks(tuple(config.training.profile_steps), workdir, write=launch.is_writer)
     report.start(launch.compile_sec)
     preempted = stopped = False  # stopped: MLPerf mode, an evaluation reached MLPerf's target.
+    files: dict[str, str] = {}  # What process 0 wrote, named in the headline.
     # From here a stop keeps what was trained: the loop saves at the next step and ends.
     with stopping.phase("training", then="saving a checkpoint after the current step, then stopping"):
         try:
@@ -213,7 +231,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                 for hook in reversed(hooks):
                     hook.after_step(step, state, outputs)
                 report.after_step(step, outputs)
-                if schedule.is_log_step(step):
+                if schedule.is_log_step(step, report.sec_since_line()):
                     checkpoints.check(report.fetch())  # A diverged run or a failed save ends here.
                     report.log_point(step)
                 eval_metrics = None
@@ -233,7 +251,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
             summary = report.finish(int(state.step), preempted=preempted, compile_sec=launch.compile_sec,
                                     flops_per_device=compiled_lib.flops_per_device(train_step))
             if launch.is_writer:
-                _log_headline(summary, {**report.files, **checkpoints.paths(preempted)})
+                files = {**report.files, **checkpoints.paths(preempted)}
+                _log_headline(summary, files)
         finally:
             for hook in reversed(hooks):
                 hook.close()
@@ -244,7 +263,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
             checkpoints.close()  # Waits for saves under way: nothing started is lost.
     return TrainResult(state=state, plan=launch.run.plan, train_history=report.train_history,
                        eval_history=report.eval_history, compile_sec=launch.compile_sec,
-                       start_step=start_step, preempted=preempted, summary=summary)
+                       start_step=start_step, preempted=preempted, summary=summary, files=files)
 
 
 def _evaluate(step: int, state: steps.TrainState, launch: _Launch, checkpoints: _Checkpoints
@@ -520,6 +539,9 @@ def _log_setup(log: Callable[..., None], run: training_setup.TrainingSetup) -> N
         plan.steps_per_epoch, plan.epochs_at(plan.total_steps), plan.peak_learning_rate, plan.warmup_steps)
     log("Timing: images/sec and time to accuracy are measured after step %d (training.timing_warmup_*).",
         plan.timing_warmup_steps)
+    eval_batch, configured = plan.batch.eval_global_batch_size, config.eval.global_batch_size
+    log("Evaluation: %d images in %d step(s) of %d%s.", plan.num_eval_examples, plan.eval_steps, eval_batch,
+        "" if eval_batch == configured else f" (eval.global_batch_size {configured}, fitted to the set)")
     log("Model: %s, %s parameters, compute dtype %s.", config.model.name, f"{run.num_params:,}",
         config.model.compute_dtype)
 

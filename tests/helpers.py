@@ -27,6 +27,7 @@ def tiny_config(**overrides):
     config.training.global_batch_size = 16
     config.training.num_train_steps = 4
     config.training.log_every_steps = 2
+    config.training.log_every_sec = 0.0  # Log points by steps only: tests compare records step for step.
     config.schedule.warmup_steps = 1
     config.eval.global_batch_size = 16
     config.eval.every_epochs = 0

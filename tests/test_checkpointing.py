@@ -119,6 +119,30 @@ def test_a_checkpoint_written_on_8_devices_resumes_on_4(tmp_path):
     assert resumed.start_step == 4 and int(resumed.state.step) == 6
 
 
+def test_the_first_progress_line_after_a_resume_says_its_window_is_the_steps_since_the_resume(tmp_path,
+                                                                                              caplog):
+    """Progress every 3 steps, a resume at step 4: the line at step 6 averages steps 5 and 6 only (the
+    uninterrupted run's averages 4 to 6), and says so; the next window is whole again."""
+    per_step = _train(tmp_path / "reference", training__log_every_steps=1)  # 8 steps, one record each.
+    loss_at = {r["step"]: r["loss"] for r in per_step.train_history}
+    _train(tmp_path / "run", training__log_every_steps=3, training__num_train_steps=4)
+    with caplog.at_level("INFO", logger="resnet_scaling"):
+        resumed = _train(tmp_path / "run", training__log_every_steps=3)
+    assert resumed.start_step == 4
+    records = {r["step"]: r for r in resumed.train_history}
+    assert sorted(records) == [6, 8]
+    assert records[6]["window_steps"] == 2 and records[6]["window_since_resume"] is True
+    np.testing.assert_allclose(records[6]["loss"], np.mean([loss_at[5], loss_at[6]]), rtol=1e-6)
+    assert records[8]["window_steps"] == 2 and "window_since_resume" not in records[8]
+    lines = {int(m[1]): m[0] for m in re.finditer(r"step (\d+)/8 \(epoch.*", caplog.text)}
+    assert lines[6].endswith("(means over the 2 steps since the resume)"), lines
+    assert "since the resume" not in lines[8]
+    # A resume where a window starts (step 6, windows of 3) cuts none.
+    _train(tmp_path / "aligned", training__log_every_steps=3, training__num_train_steps=6)
+    aligned = _train(tmp_path / "aligned", training__log_every_steps=3)
+    assert [(r["step"], "window_since_resume" in r) for r in aligned.train_history] == [(8, False)]
+
+
 def test_a_corrupt_latest_checkpoint_is_skipped_with_a_warning(tmp_path, caplog):
     _train(tmp_path, training__num_train_steps=4)
     state_dir = tmp_path / "checkpoints" / "4" / "state"

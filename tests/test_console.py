@@ -81,10 +81,13 @@ def test_the_demo_command_learns_from_jpeg_files_and_prints_under_60_lines_endin
     assert "Timing: images/sec and time to accuracy are measured after step 94 (training.timing_warmup_*)." \
         in messages
     assert sum(f"compilation cache {workdir}/compilation_cache" in m for m in messages) == 1
-    # Progress at every log point: where it is, the loss, images/sec and the time left.
+    # Progress at every log point: where it is, the loss, images/sec and the time left. Every 25 steps and
+    # at the end; on a machine slow enough, also 30 s after the last line (training.log_every_sec).
     line = r"step (\d+)/563 \(epoch [\d.]+\): loss [\d.]+, .*, [\d.]+ images/sec, ETA \S+"
     progress = [re.fullmatch(line, m) for m in messages if m.startswith("step ")]
-    assert all(progress) and [int(p[1]) for p in progress] == [*range(25, 563, 25), 563], messages
+    logged = [int(p[1]) for p in progress if p]
+    assert all(progress) and logged == sorted(set(logged)) and {*range(25, 563, 25), 563} <= set(logged), \
+        messages
     summary = json.loads((workdir / "summary.json").read_text())
     assert f"final {100 * summary['accuracy']['final_eval_top1']:.2f}%" in headline[1]
     # The README's table of what the workdir holds names what is there: each path, and nothing left out.
@@ -110,8 +113,9 @@ def test_the_demo_command_learns_from_jpeg_files_and_prints_under_60_lines_endin
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "loss" in r]
     evals = [r for r in records if "eval_top1" in r]
-    # A log point every 25 steps and at the end; the training loss falls (2.3 to 0.1 on this machine).
-    assert [r["step"] for r in train] == [*range(25, 563, 25), 563]
+    # A log point every 25 steps and at the end (and any by time, as above); the training loss falls (2.3
+    # to 0.1 on this machine).
+    assert [r["step"] for r in train] == logged
     assert train[-1]["loss"] < 0.2 * train[0]["loss"], [r["loss"] for r in train]
     # An evaluation every 2 epochs (187.5 steps) and at the end, each of every held-out image once; the
     # last is the headline's.
@@ -174,11 +178,14 @@ def test_tensorboard_groups_train_and_eval_tags_and_holds_the_config(tmp_path):
 
 
 def test_library_users_see_progress_without_configuring_logging(tmp_path):
-    """A plain script that calls train_and_evaluate, as research code does: no logging set up."""
+    """A plain script that calls train_and_evaluate, as research code does: no logging set up. Every line
+    starts with the time of day (absl's implicit `logging.basicConfig()` used to print them as
+    "INFO:resnet_scaling.trainer:step 4/4 ..."), once; `print(result)` is the few lines of the headline."""
     script = (
         "from resnet_scaling import trainer\n"
         "from tests.helpers import random_arrays, tiny_config\n"
-        f"trainer.train_and_evaluate(tiny_config(), {str(tmp_path)!r}, arrays=random_arrays())\n"
+        f"result = trainer.train_and_evaluate(tiny_config(), {str(tmp_path)!r}, arrays=random_arrays())\n"
+        "print(result)\n"
         "from resnet_scaling import console\n"
         "console.show_progress()  # Idempotent: no second handler.\n"
         "import logging\n"
@@ -188,7 +195,45 @@ def test_library_users_see_progress_without_configuring_logging(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "step 4/4" in proc.stderr and "Done: step 4 of 4" in proc.stderr
+    ours = [line for line in proc.stderr.splitlines() if "step 4/4" in line or "Done: step" in line]
+    assert len(ours) == 2, proc.stderr[-3000:]  # Once each: not also through the root logger.
+    assert all(re.match(r"\d\d:\d\d:\d\d (step 4/4 \(epoch|Done: step 4 of 4)", line) for line in ours), ours
+    assert "INFO:resnet_scaling" not in proc.stderr
+    printed = proc.stdout.strip().splitlines()
+    assert printed[0].startswith("Done: step 4 of 4") and len(printed) <= 12, proc.stdout
+    assert any(line.strip().startswith("top-1: final") for line in printed), proc.stdout
+    assert str(tmp_path) in proc.stdout and "Array(" not in proc.stdout  # Where it saved; no arrays.
+
+
+def test_show_progress_prints_the_time_past_a_bare_basic_config_and_gives_way_to_a_configured_handler(
+        capsys):
+    """In-process, the two states of a script's logging: only absl's implicit `logging.basicConfig()` (our
+    line once, with the time), then a handler the user added (our lines go to it; ours is gone)."""
+    import io
+    import logging
+
+    from resnet_scaling import console
+
+    root, ours = logging.root, logging.getLogger("resnet_scaling")
+    root_handlers, our_handlers, our_level, our_propagate = (
+        root.handlers[:], ours.handlers[:], ours.level, ours.propagate)
+    try:
+        root.handlers, ours.handlers, ours.propagate = [], [], True
+        ours.setLevel(logging.NOTSET)
+        logging.basicConfig()  # What absl.logging.log calls when the root has no handler.
+        console.show_progress()
+        logging.getLogger("resnet_scaling.trainer").info("step 1/2")
+        assert re.fullmatch(r"\d\d:\d\d:\d\d step 1/2\n", capsys.readouterr().err)
+        stream = io.StringIO()
+        users = logging.StreamHandler(stream)
+        users.setFormatter(logging.Formatter("user: %(message)s"))
+        root.addHandler(users)
+        console.show_progress()  # The next run.
+        logging.getLogger("resnet_scaling.trainer").info("step 2/2")
+        assert stream.getvalue() == "user: step 2/2\n" and ours.handlers == []
+    finally:
+        root.handlers, ours.handlers, ours.propagate = root_handlers, our_handlers, our_propagate
+        ours.setLevel(our_level)
 
 
 def test_the_console_shows_the_time_and_the_message_and_names_other_libraries_warnings():

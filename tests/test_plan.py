@@ -10,7 +10,7 @@ import pytest
 
 from resnet_scaling import config_fields, data, plan
 from resnet_scaling.config import ConfigError, get_base_config, validate
-from tests.helpers import data_source, tiny_config
+from tests.helpers import data_source, random_arrays, tiny_config
 
 IMAGENET = 1_281_167
 
@@ -95,6 +95,65 @@ def test_synthetic_eval_counts_every_example_once_whatever_the_step_count():
     masks = [np.asarray(b["mask"]) for b in source.eval_batches()]
     assert len(masks) == plan.batch_plan_for_mesh(config, m).eval_steps(37) == 3
     assert sum(int(mask.sum()) for mask in masks) == 37
+
+
+def test_an_evaluation_set_smaller_than_the_eval_batch_is_one_batch_of_its_own_size():
+    """128 images with the default evaluation batch (1,024) on 8 devices: one batch of 128, no padding; 37
+    images: one batch of 40 (5 a device), 3 of them padding. Counted from the batches the source yields."""
+    from resnet_scaling import mesh
+
+    assert get_base_config().eval.global_batch_size == 1024
+    m = mesh.create_mesh(8)
+    for num_eval, expected_batch in ((128, 128), (37, 40)):
+        config = tiny_config(eval__global_batch_size=1024)
+        arrays = random_arrays(num_train=16, num_eval=num_eval)
+        masks = [np.asarray(b["mask"]) for b in data_source(config, m, arrays).eval_batches()]
+        assert [len(mask) for mask in masks] == [expected_batch]
+        assert int(masks[0].sum()) == num_eval  # Every image once, the padding masked out.
+        training_plan = plan.derive(config, 16, batch=plan.batch_plan_for_mesh(config, m),
+                                    num_eval_examples=num_eval)
+        assert (training_plan.batch.eval_global_batch_size, training_plan.eval_steps) == (expected_batch, 1)
+    # A set at least as large as the batch keeps the configured batch.
+    batch = plan.batch_plan(tiny_config(eval__global_batch_size=64), 8)
+    assert batch.for_eval_set(64) is batch and batch.for_eval_set(10_000) is batch
+
+
+@pytest.mark.parametrize("num_processes,num_local_devices", [(1, 1), (1, 8), (2, 4), (3, 2), (4, 4)])
+@pytest.mark.parametrize("num_eval_examples", [1, 9, 37, 128, 50_000])
+def test_the_fitted_eval_batch_is_the_smallest_that_takes_every_share_in_as_few_steps(
+        num_processes, num_local_devices, num_eval_examples):
+    """Searched for, not computed: the smallest multiple of the device count whose per-process part holds
+    the largest process share (`data.process_share`), unless the configured batch is smaller."""
+    num_devices = num_processes * num_local_devices
+    configured = 64 * num_devices
+    batch = plan.batch_plan(tiny_config(eval__global_batch_size=configured), num_devices,
+                            num_local_devices=num_local_devices, num_processes=num_processes)
+    fitted = batch.for_eval_set(num_eval_examples)
+    largest = max(stop - start for start, stop in
+                  (data.process_share(num_eval_examples, p, num_processes) for p in range(num_processes)))
+    smallest = next(size for size in range(num_devices, 10**7, num_devices)
+                    if size // num_processes >= largest)
+    assert fitted.eval_global_batch_size == min(configured, smallest)
+    assert fitted.eval_steps(num_eval_examples) == math.ceil(largest / fitted.eval_per_process_batch_size)
+    assert fitted.eval_steps(num_eval_examples) == batch.eval_steps(num_eval_examples)  # Never more steps.
+    assert (fitted.global_batch_size, fitted.num_devices) == (batch.global_batch_size, batch.num_devices)
+
+
+def test_the_loop_schedule_logs_after_log_every_sec_in_single_process_runs_only():
+    schedule = plan.LoopSchedule(total_steps=10, log_every_steps=100, log_every_sec=30.0)
+    assert not schedule.is_log_step(3, sec_since_log=29.9) and schedule.is_log_step(3, sec_since_log=30.0)
+    assert schedule.is_log_step(10)  # The last step, as ever.
+    off = plan.LoopSchedule(total_steps=10, log_every_steps=100)
+    assert not off.is_log_step(3, sec_since_log=1e9)
+    config = tiny_config(training__log_every_sec=30.0)
+    assert get_base_config().training.log_every_sec == 30.0  # The default.
+    for num_processes, expected in ((1, 30.0), (2, 0.0)):
+        batch = plan.batch_plan(config, 8, num_local_devices=8 // num_processes, num_processes=num_processes)
+        training_plan = plan.derive(config, 64, batch=batch, num_eval_examples=20)
+        assert plan.loop_schedule(config, training_plan).log_every_sec == expected
+    config.training.log_every_sec = -1.0
+    with pytest.raises(ConfigError, match="config.training.log_every_sec: must be >= 0"):
+        validate(config)
 
 
 def test_the_loop_schedule_logs_evaluates_and_saves_every_n_steps_and_at_the_end():

@@ -7,11 +7,13 @@ import pathlib
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
 
 from resnet_scaling import config as config_lib
 from resnet_scaling import trainer
-from tests.helpers import launch_xla_flags, random_arrays, tiny_config
+from tests.helpers import launch_xla_flags, model_of, random_arrays, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -29,6 +31,50 @@ def test_metrics_are_written_as_json_lines_with_train_and_eval_records(tmp_path)
     assert all(type(r["eval_count"]) is int and r["eval_count"] == 20 for r in evals)
     assert int(result.state.step) == 4
     assert (tmp_path / "tensorboard").is_dir()
+
+
+def test_a_small_evaluation_set_is_one_padded_batch_and_its_metrics_are_exact(tmp_path, monkeypatch):
+    """20 evaluation images, the default evaluation batch of 1,024, 8 devices: one batch of 24 (3 a device),
+    and top-1 and loss those of the final parameters applied to the 20 images outside the library's step."""
+    batch_sizes = []
+    real_evaluate = trainer.evaluate
+
+    def counting_evaluate(eval_step_fn, state, source):
+        batch_sizes.append([int(b["mask"].shape[0]) for b in source.eval_batches()])
+        return real_evaluate(eval_step_fn, state, source)
+
+    monkeypatch.setattr(trainer, "evaluate", counting_evaluate)
+    config = tiny_config(eval__global_batch_size=1024)
+    arrays = random_arrays()
+    result = trainer.train_and_evaluate(config, str(tmp_path), arrays=arrays)
+    assert batch_sizes == [[24]]  # One evaluation, at the end, in one batch.
+    final = result.eval_history[-1]
+    assert final["eval_count"] == 20
+    _, _, eval_x, eval_y = arrays
+    mean, std = np.asarray(config.data.mean_rgb), np.asarray(config.data.stddev_rgb)
+    variables = {"params": result.state.params, "batch_stats": result.state.batch_stats}
+    logits = np.asarray(model_of(config).apply(variables, (eval_x / 255.0 - mean) / std, train=False),
+                        np.float64)
+    assert final["eval_top1"] == np.mean(np.argmax(logits, -1) == eval_y)
+    log_probs = logits - np.log(np.sum(np.exp(logits - logits.max(-1, keepdims=True)), -1,
+                                       keepdims=True)) - logits.max(-1, keepdims=True)
+    np.testing.assert_allclose(final["eval_loss"], -np.mean(log_probs[np.arange(20), eval_y]), rtol=1e-4)
+
+
+def test_progress_comes_after_log_every_sec_whatever_the_step_interval_and_training_is_the_same(tmp_path):
+    """Log points by time (here: after every step) besides those by steps (here: only the last) add
+    records, and change nothing the run learns."""
+    by_time = trainer.train_and_evaluate(
+        tiny_config(training__log_every_steps=1000, training__log_every_sec=1e-9), str(tmp_path / "time"),
+        arrays=random_arrays())
+    by_steps = trainer.train_and_evaluate(
+        tiny_config(training__log_every_steps=1000, training__log_every_sec=0.0), str(tmp_path / "steps"),
+        arrays=random_arrays())
+    assert [(r["step"], r["window_steps"]) for r in by_time.train_history] == [(1, 1), (2, 1), (3, 1), (4, 1)]
+    assert [(r["step"], r["window_steps"]) for r in by_steps.train_history] == [(4, 4)]
+    for a, b in zip(jax.tree.leaves(by_time.state.params), jax.tree.leaves(by_steps.state.params),
+                    strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_non_finite_loss_stops_training_with_the_step(tmp_path):

@@ -54,7 +54,8 @@ def create_data_source(
       data: the run's data section (`sections.read(config).data`).
       mesh: the device mesh batches are sharded over.
       arrays: `(train_images, train_labels, eval_images, eval_labels)` for the "arrays" source.
-      batch: the run's batch sizes (`plan.batch_plan_for_mesh(config, mesh)`).
+      batch: the run's batch sizes (`plan.batch_plan_for_mesh(config, mesh)`); the source fits the
+        evaluation batch to its evaluation set (`BatchPlan.for_eval_set`), as `plan.derive` does.
       evaluation_only: the caller reads the evaluation split alone: the "Input:" line names only it.
 
     Raises:

@@ -147,6 +147,7 @@ class TFDataSource:
         """
         self.num_train_examples = shares.num_train_examples
         self.num_eval_examples = shares.num_eval_examples
+        batch = batch.for_eval_set(self.num_eval_examples)
         self.class_names = shares.class_names
         self._train, self._eval = shares.train, shares.eval
         self._process_index = jax.process_index() if process_index is None else process_index

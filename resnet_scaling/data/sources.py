@@ -39,7 +39,7 @@ class SyntheticSource:
         self._mesh = mesh
         self._image_size = image_size
         self._num_classes = num_classes
-        self._batch = batch
+        self._batch = batch.for_eval_set(num_eval_examples)
         keys = jax.random.split(jax.random.key(seed), num_batches)
         self._train = [self._make_batch(k, batch.global_batch_size) for k in keys]
         self._seed = seed
@@ -87,6 +87,7 @@ class ArraySource:
             _check_arrays(name, images, labels, num_classes, image_size)
         train_labels = np.asarray(train_labels, np.int32)
         eval_labels = np.asarray(eval_labels, np.int32)
+        batch = batch.for_eval_set(len(eval_labels))
         self._mesh = mesh
         self._seed = seed
         self._shuffle = shuffle

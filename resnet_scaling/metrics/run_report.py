@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -79,6 +80,7 @@ class RunReport:
                       config.mlperf.eval_every_epochs, config.mlperf.target_top1, self._mlperf.path)
         self._buffer = MetricsBuffer()
         self._interval_first_step = start_step + 1
+        self._last_line_time = time.monotonic()  # Of the last progress or evaluation line.
         self._writers: MetricWriters | None = None
         self.train_history: list[dict[str, float]] = []
         self.eval_history: list[dict[str, float]] = []
@@ -91,6 +93,7 @@ class RunReport:
                                           config_text=str(self._config), resume_step=self._start_step)
         self._mlperf.run_start()
         self._clock.start(compile_sec)
+        self._last_line_time = time.monotonic()
 
     def next_batch(self, batches: Iterator[T], step: int) -> T:
         """Step `step`'s batch, the wait for it on the training clock."""
@@ -111,20 +114,42 @@ class RunReport:
         """The steps' metrics not fetched yet (blocks until computed): for the divergence checks."""
         return self._buffer.fetch()
 
+    def sec_since_line(self) -> float:
+        """Seconds since the last progress or evaluation line (or the loop's start): the loop logs once
+        they reach `training.log_every_sec` (`LoopSchedule.is_log_step`)."""
+        return time.monotonic() - self._last_line_time
+
     def log_point(self, step: int) -> None:
-        """Closes the log interval ending at `step`: its means and timing, as a record, logged and written."""
-        plan = self._plan
+        """Closes the log interval ending at `step`: its means and timing, as a record, logged and written.
+
+        The record's `window_steps` counts the steps its means cover; `window_since_resume` marks the first
+        window of a resumed launch that is shorter than the uninterrupted run's (its means are over the
+        steps since the resume only, and differ from that run's line at the same step)."""
+        plan, first = self._plan, self._interval_first_step
         record = {"step": step, "epoch": plan.epochs_at(step), **self._buffer.mean(),
-                  **self._clock.end_interval(self._interval_first_step, step)}
+                  **self._clock.end_interval(first, step), "window_steps": step - first + 1}
+        since_resume = self._cut_by_resume(first)
+        if since_resume:
+            record["window_since_resume"] = True
         self._interval_first_step = step + 1
+        self._last_line_time = time.monotonic()
         self.train_history.append(record)
         if self._writers is not None:
             eta = (plan.total_steps - step) * record.get("sec_per_step", 0.0)
             logger.info("step %d/%d (epoch %.2f): loss %.4f, top1 %.3f, top5 %.3f, lr %.4g, %.1f images/sec, "
-                        "ETA %s", step, plan.total_steps, record["epoch"], record["loss"], record["top1"],
+                        "ETA %s%s", step, plan.total_steps, record["epoch"], record["loss"], record["top1"],
                         record["top5"], record["learning_rate"], record.get("images_per_sec", float("nan")),
-                        format_duration(eta))
+                        format_duration(eta),
+                        f" (means over the {record['window_steps']} steps since the resume)"
+                        if since_resume else "")
             self._writers.write(step, record)
+
+    def _cut_by_resume(self, first_step: int) -> bool:
+        """Whether the window from `first_step` began at this launch's resume, past where the uninterrupted
+        run's window (every `log_every_steps`) began: a resume at step 97 with windows of 100 steps."""
+        every = self._schedule.log_every_steps
+        return (self._start_step > 0 and first_step == self._start_step + 1
+                and (every <= 0 or self._start_step % every != 0))
 
     def evaluate(self, step: int, state: Any, evaluate_fn: Callable[[Any], dict[str, float] | None]
                  ) -> tuple[dict[str, float] | None, bool]:
@@ -163,6 +188,7 @@ class RunReport:
             self.eval_history.append(record)
             if self._writers is not None:
                 self._writers.write(step, record)
+        self._last_line_time = time.monotonic()
         return record, stops
 
     @contextlib.contextmanager

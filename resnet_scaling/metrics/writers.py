@@ -66,7 +66,7 @@ def _step_of(line: str) -> float:
 class TensorBoardWriter:
     """Scalars as TensorBoard event files through clu (imported lazily: it pulls in TensorFlow)."""
 
-    NOT_PLOTTED = ("step", "eval_count")
+    NOT_PLOTTED = ("step", "eval_count", "window_steps", "window_since_resume")
 
     def __init__(self, logdir: str, config_text: str | None = None) -> None:
         from resnet_scaling import tf_import
