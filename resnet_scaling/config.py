@@ -58,6 +58,12 @@ def get_base_config() -> ml_collections.ConfigDict:
     """
     config = ml_collections.ConfigDict()
     config.seed = 0  # Seeds parameter initialisation, synthetic data and shuffling.
+    # The published recipe (recipes.RECIPES) that set the optimizer, schedule and length, set by the
+    # recipe's function (recipes.use_case_study_recipe, ...); "": none. Its values follow the global batch:
+    # once every override is in, recipes.resolve gives each field the recipe still sets the recipe's value
+    # for the final batch. A field set after the recipe, in the file or on the command line, keeps its value.
+    config.recipe = ""
+    config.recipe_batch_size = 0  # The global batch the recipe's values in this config are for.
 
     config.model = ml_collections.ConfigDict()
     config.model.name = "resnet50"  # One of config_fields.MODEL_NAMES.
@@ -547,10 +553,23 @@ def too_few_devices_error(config: ml_collections.ConfigDict, num_visible: int, p
         f"{visible} visible. {check}To train it on these devices, add {flags}.")
 
 
+# Fields that change neither the compiled step nor the plan (where values came from; how often the loop
+# prints), left out of `config_hash` so that adding them left the shipped compile reports current.
+UNHASHED_FIELDS = ("recipe", "recipe_batch_size", "training.log_every_sec")
+
+
 def config_hash(config: ml_collections.ConfigDict) -> str:
-    """A short hash of every field's value: the same for the same settings, in any order of setting them
-    (a shipped compile report records its config's, `analysis/shipped_reports.py`)."""
-    text = json.dumps(config.to_dict(), sort_keys=True, default=str)
+    """A short hash of every setting's value (`UNHASHED_FIELDS` aside): the same for the same settings, in
+    any order of setting them (a shipped compile report records its config's, `analysis/shipped_reports.py`).
+    """
+    values = config.to_dict()
+    for field in UNHASHED_FIELDS:
+        *sections, name = field.split(".")
+        section = values
+        for key in sections:
+            section = section.get(key, {})
+        section.pop(name, None)
+    text = json.dumps(values, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

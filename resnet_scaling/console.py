@@ -148,20 +148,35 @@ def _unknown_field_message(error: BaseException, argv: list[str]) -> str:
             (f"; did you mean {suggestion.group(1)}?" if suggestion else "."))
 
 
-def read_config_flag(config_flag: flags.FlagHolder) -> ml_collections.ConfigDict:
-    """The ConfigDict a `config_flags.DEFINE_config_file` flag holds, or one `error:` line when its file
-    does not load (ml_collections: chained tracebacks)."""
-    from resnet_scaling import workdir
+def read_config_flag(config_flag: flags.FlagHolder, argv: list[str] | None = None, *, log: bool = True
+                     ) -> ml_collections.ConfigDict:
+    """The ConfigDict a `config_flags.DEFINE_config_file` flag holds, its recipe applied to the final batch
+    (`recipes.resolve`: the `--config.*` overrides in `argv`, default `sys.argv`, keep their values; the
+    changes are logged where `log`), or one `error:` line when its file does not load (ml_collections:
+    chained tracebacks) or its recipe is unknown."""
+    from resnet_scaling import recipes, workdir
+    from resnet_scaling.errors import ConfigError
 
     try:
         config = config_flag.value
         config.keys()  # ml_collections defers a failed get_config() to the config's first use.
-        return config
     except OSError as e:  # the file is missing or does not load
         missing = next((c for c in workdir.exception_chain(e) if isinstance(c, FileNotFoundError)), None)
         cause = f"no such file: {missing.filename}" if missing else str(e).splitlines()[0]
         raise SystemExit(f"error: cannot load the config file given by --config ({cause}). Give a path to "
                          f"a config file, or one of: {_shipped_configs()}.") from None
+    try:
+        resolution = recipes.resolve(config, explicit=override_fields(sys.argv if argv is None else argv))
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
+    if log:
+        recipes.log_resolution(resolution, kept_by="the command line or the config file")
+    return resolution.config
+
+
+def override_fields(argv: list[str]) -> set[str]:
+    """The fields `--config.SECTION.FIELD=VALUE` flags in `argv` set ("training.global_batch_size")."""
+    return {arg[len("--config."):].split("=", 1)[0] for arg in argv if arg.startswith("--config.")}
 
 
 def configure_command_line_logging(workdir: str | None = None) -> str | None:

@@ -4,11 +4,25 @@ A config under `configs/` sets hardware and global batch, then calls one of thes
 learning rate, schedule and regularisation; docs/case_study.md cites each source (repository, file,
 commit). The case study ran tensorflow/tpu's r1.12 (`use_case_study_recipe`); tensorflow/tpu's later LARS
 table and the MLPerf v0.7 JAX submission's recipe are here to compare against.
+
+A recipe's values depend on the global batch, and a command-line override of the batch comes after the
+config file ran its recipe: `resolve` gives every field the recipe still sets its value for the final
+batch (the commands and `training_setup.setup` call it), so a run trains with what its recipe says.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import logging
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
 import ml_collections
+
+from resnet_scaling import config as config_lib
+
+logger = logging.getLogger(__name__)
 
 # The case study's methodology: 90 measured epochs plus 1 warm-up epoch (r1.12's v2-512.yaml: 3,558 steps).
 CASE_STUDY_EPOCHS = 91.0
@@ -62,7 +76,7 @@ def use_momentum_linear_scaling(config: ml_collections.ConfigDict) -> ml_collect
     config.schedule.boundary_epochs = (30.0, 60.0, 80.0)
     config.schedule.decay_factor = 0.1
     config.training.label_smoothing = 0.0
-    return config
+    return _record(config, "momentum_linear_scaling")
 
 
 def _use_lars_polynomial(config: ml_collections.ConfigDict, learning_rate: float, warmup_epochs: float,
@@ -92,14 +106,16 @@ def use_case_study_lars(config: ml_collections.ConfigDict) -> ml_collections.Con
     TensorFlow 1.12.0's LARSOptimizer (`lars_variant="tf1.12"`), weight decay an L2 loss on non-BN variables.
     """
     learning_rate, warmup_epochs = lars_learning_rate_r1_12(config.training.global_batch_size)
-    return _use_lars_polynomial(config, learning_rate, warmup_epochs, "tf1.12", "non_batchnorm")
+    _use_lars_polynomial(config, learning_rate, warmup_epochs, "tf1.12", "non_batchnorm")
+    return _record(config, "case_study_lars")
 
 
 def use_tensorflow_tpu_lars(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """tensorflow/tpu's later LARS (master's lars_util table, the reference LARSOptimizer, weight decay in
     the optimizer on kernels only, none in the loss): otherwise as `use_case_study_lars`."""
     learning_rate, warmup_epochs = lars_learning_rate(config.training.global_batch_size)
-    return _use_lars_polynomial(config, learning_rate, warmup_epochs, "reference", "kernels")
+    _use_lars_polynomial(config, learning_rate, warmup_epochs, "reference", "kernels")
+    return _record(config, "tensorflow_tpu_lars")
 
 
 def use_mlperf_v07_jax_lars(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -111,7 +127,7 @@ def use_mlperf_v07_jax_lars(config: ml_collections.ConfigDict) -> ml_collections
                          momentum=h["momentum"], weight_decay=h["weight_decay"])
     config.training.num_epochs = h["num_epochs"]
     config.eval.every_epochs = 4.0
-    return config
+    return _record(config, "mlperf_v07_jax_lars")
 
 
 def use_case_study_recipe(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -123,7 +139,117 @@ def use_case_study_recipe(config: ml_collections.ConfigDict) -> ml_collections.C
         use_momentum_linear_scaling(config)
     config.training.num_epochs = CASE_STUDY_EPOCHS
     config.eval.every_epochs = 4.0
+    return _record(config, "case_study")
+
+
+# config.recipe -> the function that applies it to a config for its `training.global_batch_size`.
+RECIPES: Mapping[str, Callable[[ml_collections.ConfigDict], ml_collections.ConfigDict]] = {
+    "case_study": use_case_study_recipe,
+    "momentum_linear_scaling": use_momentum_linear_scaling,
+    "case_study_lars": use_case_study_lars,
+    "tensorflow_tpu_lars": use_tensorflow_tpu_lars,
+    "mlperf_v07_jax_lars": use_mlperf_v07_jax_lars,
+}
+# Every field a recipe above sets (the LARS recipes and the SGD one set different ones).
+RECIPE_FIELDS = (
+    "optimizer.name", "optimizer.momentum", "optimizer.nesterov", "optimizer.weight_decay",
+    "optimizer.weight_decay_on", "optimizer.base_learning_rate", "optimizer.lr_reference_batch_size",
+    "optimizer.lr_scaling", "optimizer.lars_variant", "optimizer.lars_trust_coefficient",
+    "optimizer.lars_epsilon", "schedule.name", "schedule.warmup_epochs", "schedule.boundary_epochs",
+    "schedule.decay_factor", "schedule.polynomial_power", "schedule.end_learning_rate",
+    "training.label_smoothing", "training.num_epochs", "eval.every_epochs",
+)
+
+
+def _record(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+    """Names the recipe that set `config`'s values, and the batch they are for (`resolve` reads both)."""
+    config.recipe = name
+    config.recipe_batch_size = config.training.global_batch_size
     return config
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolution:
+    """A config with its recipe applied to its final global batch.
+
+    Attributes:
+      config: the resolved config (the one given, where nothing changed).
+      changed: field -> (value before, the recipe's value for the final batch).
+      kept: field -> (its value, the recipe's value) for each field that was set after the recipe (in the
+        config file or `explicit`) and keeps a value other than the recipe's.
+    """
+
+    config: ml_collections.ConfigDict
+    changed: dict[str, tuple[Any, Any]]
+    kept: dict[str, tuple[Any, Any]]
+
+
+def resolve(config: ml_collections.ConfigDict, explicit: Collection[str] = ()) -> Resolution:
+    """`config` with `config.recipe`'s values for its final `training.global_batch_size`.
+
+    A field keeps its value where it is in `explicit` (the command line's overrides) or differs from what
+    the recipe set for `config.recipe_batch_size` (a config file changed it after the recipe). Calling it
+    again changes nothing.
+
+    Raises:
+      ConfigError: `config.recipe` names no recipe.
+    """
+    name, batch, was = config.recipe, config.training.global_batch_size, config.recipe_batch_size
+    if not name or batch == was:
+        return Resolution(config, {}, {})
+    if name not in RECIPES:
+        raise config_lib.ConfigError(f"config.recipe: {name!r} is not a recipe; use one of "
+                                     f"{', '.join(RECIPES)}, or \"\" for none.")
+    after = recipe_values(name, batch)
+    before = recipe_values(name, was) if was > 0 else None  # 0: the recipe has set nothing yet.
+    resolved = copy.deepcopy(config)
+    changed, kept = {}, {}
+    for field in RECIPE_FIELDS:
+        value = _get(config, field)
+        if field in explicit or (before is not None and not _same(value, before[field])):
+            if not _same(value, after[field]):
+                kept[field] = (value, after[field])
+        elif not _same(value, after[field]):
+            _set(resolved, field, after[field])
+            changed[field] = (value, after[field])
+    resolved.recipe_batch_size = batch
+    return Resolution(resolved, changed, kept)
+
+
+def log_resolution(resolution: Resolution, *, kept_by: str = "the config") -> None:
+    """Says which values the recipe changed for the final batch and which were kept as set."""
+    config = resolution.config
+    if resolution.changed:
+        changes = (f"{field} {old!r} -> {new!r}" for field, (old, new) in resolution.changed.items())
+        logger.info("Recipe %s for a global batch of %d: %s.", config.recipe,
+                    config.training.global_batch_size, "; ".join(changes))
+    if resolution.kept:
+        logger.info("Kept as set by %s over recipe %s: %s.", kept_by, config.recipe,
+                    "; ".join(f"{field} {value!r} (the recipe's: {recipe!r})"
+                              for field, (value, recipe) in resolution.kept.items()))
+
+
+def recipe_values(name: str, global_batch_size: int) -> dict[str, Any]:
+    """What recipe `name` sets each of `RECIPE_FIELDS` to for a global batch (over the defaults)."""
+    config = config_lib.get_base_config()
+    config.training.global_batch_size = global_batch_size
+    RECIPES[name](config)
+    return {field: _get(config, field) for field in RECIPE_FIELDS}
+
+
+def _get(config: ml_collections.ConfigDict, field: str) -> Any:
+    section, name = field.split(".")
+    return config[section][name]
+
+
+def _set(config: ml_collections.ConfigDict, field: str, value: Any) -> None:
+    section, name = field.split(".")
+    config[section][name] = value
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as settings: a tuple and the list a saved config holds, an int and the float it stands for."""
+    return (tuple(a) if isinstance(a, list) else a) == (tuple(b) if isinstance(b, list) else b)
 
 
 def set_system(config: ml_collections.ConfigDict, *, name: str, device_kind: str, num_devices: int,

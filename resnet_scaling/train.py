@@ -59,7 +59,7 @@ _PRINT_CONFIG = flags.DEFINE_bool(
 def main(argv: list[str]) -> None:
     console.refuse_arguments(argv)
     if _PRINT_CONFIG.value:  # Before anything starts: no backend, no job, no workdir.
-        print(config_text.format_config(console.read_config_flag(_CONFIG)), end="", flush=True)
+        print(config_text.format_config(console.read_config_flag(_CONFIG, log=False)), end="", flush=True)
         return
     if not _WORKDIR.value:
         raise SystemExit("error: --workdir is required: the directory for the run's checkpoints, metrics and "

@@ -25,7 +25,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from resnet_scaling import checkpointing, console, steps, training_setup
+from resnet_scaling import checkpointing, console, recipes, steps, training_setup
 from resnet_scaling import data as data_lib
 from resnet_scaling import metrics as metrics_lib
 from resnet_scaling import plan as plan_lib
@@ -148,6 +148,9 @@ def train_and_evaluate(
     """
     launch_start_wall = time.time()  # Goodput counts this launch's set-up as initialisation.
     console.show_progress()
+    resolution = recipes.resolve(config)  # The commands' configs come resolved; research code's may not.
+    recipes.log_resolution(resolution)
+    config = resolution.config
     # The cheap checks first, in about a second: the slow set-up (devices, data, compilation) comes after.
     workdir_lib.check_writable(workdir)
     saved = checkpointing.latest_saved_meta(workdir) if config.checkpoint.enabled else None

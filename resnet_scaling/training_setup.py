@@ -21,7 +21,7 @@ import optax
 
 from resnet_scaling import config as config_lib
 from resnet_scaling import data as data_lib
-from resnet_scaling import init_from, models, optim, steps
+from resnet_scaling import init_from, models, optim, recipes, steps
 from resnet_scaling import mesh as mesh_lib
 from resnet_scaling import plan as plan_lib
 from resnet_scaling import sections as sections_lib
@@ -103,6 +103,7 @@ def setup(config: ml_collections.ConfigDict, *, devices: Sequence[jax.Device] | 
       ConfigError: an invalid config (the message names the field and the fix).
       DataError: a missing, unprepared or malformed dataset.
     """
+    config = recipes.resolve(config).config  # A config whose batch changed since its recipe ran.
     devices = list(devices if devices is not None else jax.devices())
     if config.mesh.num_devices > len(devices):  # A config for a larger system: say how to go on here.
         raise config_lib.too_few_devices_error(config, len(devices), devices[0].platform)
