@@ -126,8 +126,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", action="append", type=Path,
                         help="a checkout (repeat to compare); default: this one")
-    parser.add_argument("--json_out", type=Path, default=Path(__file__).resolve().parent / "results" /
-                        "code_structure.json")
+    parser.add_argument("--json_out", type=Path, default=None,
+                        help="also write the figures there (benchmarks/results/code_structure.json holds the "
+                        "ones benchmarks/README.md quotes)")
     args = parser.parse_args()
     roots = [r.resolve() for r in (args.root or [Path(__file__).resolve().parents[1]])]
     results = [figures(r) for r in roots]
@@ -146,9 +147,10 @@ def main() -> None:
         print(f"| {label} | " + " | ".join(value(r) for r in results) + " |")
     for r in results:
         print(f"\n{r['root']}: the loop's collaborators: {', '.join(r['collaborators'])}")
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"\nWrote {args.json_out}")
+    if args.json_out is not None:  # Only when asked: the default would overwrite the tracked figures.
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"\nWrote {args.json_out}")
 
 
 if __name__ == "__main__":
