@@ -319,9 +319,9 @@ def inject_delays(monkeypatch, **settings) -> InjectedDelays:
         return dataclasses.replace(run, train_step=_SlowToCompile(run.train_step, delays),
                                    source=_SlowInput(run.source, delays))
 
-    def evaluate(*args):
+    def evaluate(*args, **options):
         with delays.timing("eval"):
-            result = real_evaluate(*args)
+            result = real_evaluate(*args, **options)
             time.sleep(delays.eval_sec)
         return result if scripted_top1 is None else {**result, "eval_top1": next(scripted_top1)}
 
