@@ -496,8 +496,6 @@ def _log_compiled(log: Callable[..., None], compiled: Any, compile_sec: float) -
 def _record_changes_on_resume(workdir: str, saved_meta: dict[str, Any], config: ml_collections.ConfigDict,
                               step: int) -> None:
     """Logs the settings that differ from the checkpoint's run, and appends them to config_changes.jsonl."""
-    if "run_config" not in saved_meta:  # Checkpoints of earlier versions record only the shapes' fields.
-        return
     changes = checkpointing.changed_on_resume(saved_meta["run_config"], config)
     if not changes:
         return
