@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from resnet_scaling import plan
 from resnet_scaling.analysis import hardware, planning, shipped_reports, step_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -362,7 +363,8 @@ def observations(reports_dir: Path = REPORTS_DIR, compile_up_to_chips: int = 0,
     out = []
     for entry in published:
         y = published_sec_per_epoch(entry)
-        train_steps = planning.IMAGENET_TRAIN_EXAMPLES / entry["global_batch"]
+        train_steps = plan.EpochLength(planning.IMAGENET_TRAIN_EXAMPLES,
+                                       entry["global_batch"]).exact_steps_per_epoch
         if "TPU" in entry["device_kind"]:
             path = reports_dir / f"{report_name(entry)}.json"
             if not path.is_file() and entry["num_chips"] > compile_up_to_chips:

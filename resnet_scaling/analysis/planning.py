@@ -29,7 +29,9 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from resnet_scaling import plan as plan_lib
 from resnet_scaling.analysis import convergence, hardware, step_model
+from resnet_scaling.config_fields import TRAINING_LENGTH
 from resnet_scaling.errors import RunError
 
 CASE_STUDY_EPOCHS = 90  # The case study's timed epochs (after one warm-up epoch), at 76% top-1.
@@ -175,6 +177,11 @@ class System:
     def family(self) -> str:
         """"TPU" or "GPU"."""
         return "TPU" if "tpu" in self.device_kind.lower() else "GPU"
+
+    @property
+    def epoch_length(self) -> plan_lib.EpochLength:
+        """The system's epochs <-> steps converter, as its run's plan has it."""
+        return plan_lib.EpochLength(self.num_train_examples, self.global_batch)
 
 
 def system_from_report(report: Mapping[str, Any]) -> System:
@@ -373,9 +380,9 @@ def epochs_for(system: System) -> tuple[Figure, float, float]:
 
 
 def _clock_sec(system: System, epochs: float, step: float, eval_pass: float | None) -> tuple[float, float]:
-    """(training, evaluation) seconds for `epochs`: whole steps, and a pass every `eval_every_epochs` (or
-    one at the end). The tolerance keeps a length that is a whole number of steps from rounding up."""
-    steps = math.ceil(epochs * system.num_train_examples / system.global_batch - 1e-6)
+    """(training, evaluation) seconds for `epochs`: whole steps, rounded up as a run's length is
+    (`plan.whole_steps`), and a pass every `eval_every_epochs` (or one at the end)."""
+    steps = plan_lib.whole_steps(system.epoch_length.steps(epochs), TRAINING_LENGTH.rounding)
     every = system.recipe.eval_every_epochs
     passes = math.ceil(epochs / every - 1e-6) if every else 1
     return steps * step, passes * (eval_pass or 0.0)

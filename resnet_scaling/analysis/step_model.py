@@ -169,13 +169,14 @@ class Observation:
 
     MLPerf's clock per epoch = train steps x (a base + b + collectives) + evaluation steps x (the same for
     the evaluation program), evaluation steps being a pass's steps over the epochs between evaluations.
+    Both are unrounded averages per training epoch (`plan.EpochLength.exact_steps_per_epoch`).
     """
 
     name: str
     train: StepProgram
     eval: StepProgram | None
-    train_steps_per_epoch: float
-    eval_steps_per_epoch: float
+    exact_train_steps_per_epoch: float
+    exact_eval_steps_per_epoch: float
     published_sec_per_epoch: float
     num_chips: int = 0
 
@@ -185,7 +186,7 @@ class Observation:
 
     def terms(self) -> tuple[float, float, float]:
         """(x_a, x_b, fixed): seconds per epoch = a x_a + b x_b + fixed."""
-        s, e = self.train_steps_per_epoch, self.eval_steps_per_epoch if self.eval else 0.0
+        s, e = self.exact_train_steps_per_epoch, self.exact_eval_steps_per_epoch if self.eval else 0.0
         x_a = s * base_sec(self.train) + (e * base_sec(self.eval) if self.eval else 0.0)
         fixed = s * collective_sec(self.train) + (e * collective_sec(self.eval) if self.eval else 0.0)
         return x_a, s + e, fixed
