@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from resnet_scaling.analysis import hardware, planning, step_model
+from resnet_scaling.config import IMAGENET_NUM_TRAIN_EXAMPLES
+from resnet_scaling.recipes import CASE_STUDY_TIMED_EPOCHS  # The clock's 90 epochs, after a warm-up one.
 
-IMAGENET_TRAIN_IMAGES = 1_281_167
-MEASURED_EPOCHS = 90  # The case study's clock covers 90 epochs after a 1-epoch warm-up.
 RESNET50_PARAMS = 25_557_032
 RESULTS = Path(__file__).resolve().parent / "results"
 # The shipped configs the planner predicts for each accelerator the case study compares: one curve each.
@@ -97,13 +97,14 @@ class System:
     published_minutes: float | None = None
     workload: str = CASE_STUDY_WORKLOAD
 
-    def minutes_for(self, epochs: float = MEASURED_EPOCHS, images: int = IMAGENET_TRAIN_IMAGES) -> float:
+    def minutes_for(self, epochs: float = CASE_STUDY_TIMED_EPOCHS,
+                    images: int = IMAGENET_NUM_TRAIN_EXAMPLES) -> float:
         """Minutes for `epochs` of `images` at this system's rate."""
         return epochs * images / self.images_per_sec / 60
 
 
 def _from_minutes(minutes: float) -> float:
-    return MEASURED_EPOCHS * IMAGENET_TRAIN_IMAGES / (minutes * 60)
+    return CASE_STUDY_TIMED_EPOCHS * IMAGENET_NUM_TRAIN_EXAMPLES / (minutes * 60)
 
 
 # The case study's figures (docs/case_study.md); images/sec derived from the published times over 90 epochs.
