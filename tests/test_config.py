@@ -567,3 +567,28 @@ def test_epochs_are_counted_by_images_seen():
     assert plan.epoch_length.epochs(0) == 0.0
     assert plan.epoch_length.exact_steps_per_epoch == 1_281_167 / 32_768  # 39.1, unrounded
     assert plan.steps_per_epoch == 40  # rounded up
+
+
+def test_one_parser_reads_a_command_lines_config_flag_and_overrides():
+    argv = ["train", "--config", "demo", "--config.training.num_epochs=2", "--config.data.folder=a=b",
+            "--config.eval.every_epochs", "1", "--override=data.data_dir=/mnt/tfds", "--config=pod:8"]
+    assert config_lib.flag_values(argv, "config") == [(2, "", "demo"), (8, "--config=", "pod:8")]
+    # The value is what follows the first "="; a field without one takes the next argument.
+    assert config_lib.command_line_overrides(argv) == {
+        "training.num_epochs": "2", "data.folder": "a=b", "eval.every_epochs": None}
+    assert config_lib.parse_override("data.data_dir=/mnt/tfds") == ("data.data_dir", "/mnt/tfds")
+    assert config_lib.parse_override("data.data_dir") == ("data.data_dir", None)
+
+
+@pytest.mark.parametrize("field, text, expected", [
+    ("eval.global_batch_size", "64", 64), ("data.data_dir", "/mnt/tfds", "/mnt/tfds"),
+    ("data.mean_rgb", "(0.5, 0.5, 0.5)", (0.5, 0.5, 0.5)), ("eval.every_epochs", "2", 2.0)])
+def test_set_field_parses_a_command_line_value_by_the_fields_type(field, text, expected):
+    config = get_base_config()
+    config_lib.set_field(config, field, text)
+    assert config[field] == expected
+
+
+def test_set_field_refuses_a_value_of_another_type_naming_the_field():
+    with pytest.raises(ConfigError, match=r"config.eval.global_batch_size: 'many' does not fit a int field"):
+        config_lib.set_field(get_base_config(), "eval.global_batch_size", "many")
