@@ -9,8 +9,8 @@ data source needs the batch sizes before it can say how large its splits are:
                                 num_eval_examples=source.num_eval_examples)
 
 Durations (length, warm-ups, intervals) are given in steps, examples or epochs (which fields:
-`config_fields.DURATIONS`); `duration_steps` converts them all (as big_vision's `u.steps`). Epochs and
-steps convert one way only, `EpochLength` (the plan's `epoch_length`), wherever the package counts them.
+`config_fields.DURATIONS`); `duration_steps` converts them all (as big_vision's `u.steps`). Wherever the
+package turns epochs into steps or back, `EpochLength` (the plan's `epoch_length`) does it.
 
 When the loop logs, evaluates, saves and stops is decided here too, in one place that the loop asks:
 
