@@ -1,12 +1,13 @@
 """The case study's report: a Markdown table and charts from run summaries and published figures.
 
   python benchmarks/case_study.py --summaries RUN1/summary.json RUN2 ... --out_dir /tmp/report
-  python benchmarks/case_study.py --prices my_prices.json   # another price table (same shape as PRICES)
+  python benchmarks/case_study.py --prices my_prices.json   # prices of your own (as analysis/prices.json)
 
 Rows come from `summary.json` files ("measured": steady-state images/sec, 90 epochs at that rate) and
 the case study's published figures ("published"; `docs/case_study.md`). Whatever the case study did not
 print says how it was made: images/sec derived from published times, the 8-V100 time derived from "27x
-faster", speedups and efficiencies derived from those, costs from assumed prices. Charts: speedup against
+faster", speedups and efficiencies derived from those, costs at the planner's shipped prices but for the
+pod's, which is assumed (`CASE_STUDY_POD_PRICE`). Charts: speedup against
 chips with the linear line and the planner's curves (speedup.png); cost per run (cost.png); the planner's
 time and cost to 90 epochs per system, log scale (planner.png).
 
@@ -42,9 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from resnet_scaling.analysis import hardware, planning, step_model
+from resnet_scaling.config import IMAGENET_NUM_TRAIN_EXAMPLES
+from resnet_scaling.recipes import CASE_STUDY_TIMED_EPOCHS  # The clock's 90 epochs, after a warm-up one.
 
-IMAGENET_TRAIN_IMAGES = 1_281_167
-MEASURED_EPOCHS = 90  # The case study's clock covers 90 epochs after a 1-epoch warm-up.
 RESNET50_PARAMS = 25_557_032
 RESULTS = Path(__file__).resolve().parent / "results"
 # The shipped configs the planner predicts for each accelerator the case study compares: one curve each.
@@ -56,19 +57,13 @@ CASE_STUDY_WORKLOAD = planning.CASE_STUDY_WORKLOAD
 SYNTHETIC = "measured (synthetic data)"
 CHIP_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # The speedup chart's ticks.
 
-# Price per hour, USD: accelerators per chip, VMs per machine. The 2018 list prices the case study used;
-# none is confirmed by a price page (docs/case_study.md: "assumed"), so every one says so. Override them
-# with --prices.
-PRICES: Mapping[str, Mapping[str, tuple[float, str]]] = types.MappingProxyType({
-    "accelerators": types.MappingProxyType({
-        "V100": (2.48, "assumed: 2018 GCP list, per GPU (docs/case_study.md)"),
-        "TPU v2": (1.50, "assumed: full v2 Pod $384/h (docs/case_study.md) / 256 chips"),
-    }),
-    "vms": types.MappingProxyType({
-        "n1-standard-8": (0.38, "assumed: 2018 GCP list, $0.0475 per vCPU-hour x 8"),
-        "n1-standard-64": (3.04, "assumed: ~$3.04/h (docs/case_study.md)"),
-    }),
-})
+# The case study's own price for the TPU v2 Pod, not today's: its "nearly 40% lower" cost than 8 V100s
+# holds at $384/h for the full v2 Pod, $1.50 per chip-hour, which no price page confirms (docs/case_study.md:
+# "assumed"). The planner's shipped table (analysis/prices.json) prices a TPU v2 chip at $1.13, the archived
+# 2018 on-demand price of a single v2 device; Cloud TPU priced Pod types apart from single devices.
+CASE_STUDY_POD_PRICE = planning.Price(384.0 / 256, "full v2 Pod $384/h (docs/case_study.md) / 256 chips",
+                                      basis="assumed")
+ACCELERATORS = ("V100", "TPU v2")  # The accelerators the case study compares, as the report names them.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,13 +92,14 @@ class System:
     published_minutes: float | None = None
     workload: str = CASE_STUDY_WORKLOAD
 
-    def minutes_for(self, epochs: float = MEASURED_EPOCHS, images: int = IMAGENET_TRAIN_IMAGES) -> float:
+    def minutes_for(self, epochs: float = CASE_STUDY_TIMED_EPOCHS,
+                    images: int = IMAGENET_NUM_TRAIN_EXAMPLES) -> float:
         """Minutes for `epochs` of `images` at this system's rate."""
         return epochs * images / self.images_per_sec / 60
 
 
 def _from_minutes(minutes: float) -> float:
-    return MEASURED_EPOCHS * IMAGENET_TRAIN_IMAGES / (minutes * 60)
+    return CASE_STUDY_TIMED_EPOCHS * IMAGENET_NUM_TRAIN_EXAMPLES / (minutes * 60)
 
 
 # The case study's figures (docs/case_study.md); images/sec derived from the published times over 90 epochs.
@@ -126,7 +122,7 @@ def system_from_summary(summary: Mapping[str, Any], name: str | None = None) -> 
     images_per_sec = summary["throughput"]["images_per_sec"]
     if not images_per_sec:
         raise ValueError(f"{name or kind}: the summary has no steady-state images/sec (no timed region).")
-    accelerator = next((k for k in ("V100", "TPU v2") if k in kind), kind)
+    accelerator = next((k for k in ACCELERATORS if k in kind), kind)
     label = name or config.get("system", {}).get("name") or f"{run['devices']}x {kind}"
     workload = planning.workload_of(config)
     return System(label, SYNTHETIC if workload.synthetic else "measured", accelerator,
@@ -304,7 +300,7 @@ def case_study_comparisons(predictions: Sequence[planning.Prediction],
             ("pod over 8x V100 (speedup)", minutes["v100x8"] / minutes["pod"], v100x8_pub / pod_pub,
              "published: \"27x faster\""),
             ("pod's cost below 8x V100's (fraction)", saving, saving_pub,
-             "published: \"nearly 40% lower\"; both at the assumed prices below")]
+             "published: \"nearly 40% lower\"; both at the prices below")]
     def error(name: str, planned: float | None, pub: float | None) -> float | None:
         if planned is None or pub is None:
             return None
@@ -324,7 +320,7 @@ def _main_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
     lines = [f"## {CASE_STUDY_WORKLOAD}: the case study's workload", "",
              "| system | source | chips | images/sec | 90 epochs | speedup over 1x V100 (derived) "
-             "| scaling efficiency (derived) | cost per run (assumed prices) |", "|" + "---|" * 8]
+             "| scaling efficiency (derived) | cost per run (prices below) |", "|" + "---|" * 8]
     for r in rows:
         how = "derived" if r["source"] == "published" else "measured"
         efficiency = r["scaling_efficiency"]
@@ -336,7 +332,7 @@ def _main_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     notes = [f"- {r['system']}: {r['note']}." for r in rows]
     return lines + ["", "Where each row's figures come from:", *notes,
                     "- Speedups and efficiencies are ratios of the images/sec above; cost per run = (chips x "
-                    "accelerator price + VM price) x time for 90 epochs, at the assumed prices below."]
+                    "accelerator price + VM price) x time for 90 epochs, at the prices below."]
 
 
 def _claim_error(claim: Mapping[str, Any]) -> str:
@@ -443,7 +439,7 @@ def _cost_chart(plt: Any, rows: Sequence[Mapping[str, Any]], path: Path) -> None
     ax.invert_yaxis()  # The table's order, top to bottom.
     ax.set_xlim(0, 1.15 * max((r["cost_usd"] for r in priced), default=1))
     ax.set_xlabel("USD per 90-epoch run = (chips x price + VM) x time\n(times published or derived from "
-                  "published figures; prices assumed: 2018 list)", fontsize=9)
+                  "published figures; prices: analysis/prices.json, the pod's assumed)", fontsize=9)
     ax.set_title(f"Cost per run, {CASE_STUDY_WORKLOAD}", fontsize=11)
     ax.tick_params(axis="y", labelsize=9)
     fig.savefig(path, dpi=120, bbox_inches="tight")
@@ -495,19 +491,43 @@ def plot(rows: Sequence[Mapping[str, Any]], out_dir: Path, curves: Sequence[Curv
     return paths
 
 
+def price_table(prices: Mapping[str, planning.Price]) -> Mapping[str, Mapping[str, tuple[float, str]]]:
+    """The report's prices per hour in USD, each with its basis and source, from a planner price table
+    (`planning.load_prices`): {"accelerators": {name: per chip}, "vms": {machine: per VM}} for each of
+    `ACCELERATORS` the table prices and the host VMs billed apart from it."""
+    accelerators, vms = {}, {}
+    for accelerator in ACCELERATORS:
+        if (price := planning.price_for(accelerator, prices)) is None:
+            continue
+        accelerators[accelerator] = (price.usd_per_chip_hour, _sourced(price.basis, price.source, price.date))
+        for host in price.host_vm.values():
+            vms[host.machine] = (host.usd_per_hour, _sourced(price.basis, host.source, host.date))
+    return types.MappingProxyType({"accelerators": types.MappingProxyType(accelerators),
+                                   "vms": types.MappingProxyType(vms)})
+
+
+def _sourced(basis: str, source: str, date: str) -> str:
+    return f"{basis}{f' ({date})' if date else ''}: {source}"
+
+
 def load_prices(path: str | None) -> Mapping[str, Mapping[str, tuple[float, str]]]:
-    """The default price table, or one from a JSON file {"accelerators": {k: [usd, source]}, "vms": ...}."""
-    if path is None:
-        return PRICES
-    raw = json.loads(Path(path).read_text())
-    return {group: {k: (float(v[0]), str(v[1])) for k, v in raw.get(group, {}).items()}
-            for group in ("accelerators", "vms")}
+    """The report's prices: the planner's shipped table (analysis/prices.json) with the case study's pod
+    price for TPU v2, then the kinds a price file of the same shape lists (`--prices`, "given"), as
+    `python -m resnet_scaling.planner --prices` reads it."""
+    prices = {**planning.load_prices(), "TPU v2": CASE_STUDY_POD_PRICE}
+    if path is not None:
+        prices.update(planning.load_prices(path, basis="given"))
+    return price_table(prices)
+
+
+PRICES = load_prices(None)
 
 
 def _parse_args(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--summaries", nargs="*", default=[], help="summary.json files or workdirs holding one.")
-    p.add_argument("--prices", default=None, help="A JSON price table replacing the defaults.")
+    p.add_argument("--prices", default=None, help="A JSON price table shaped as resnet_scaling/analysis/"
+                   "prices.json; the kinds it lists replace the report's prices.")
     p.add_argument("--out_dir", default=str(RESULTS / "case_study"))
     p.add_argument("--no_published", action="store_true", help="Only measured rows.")
     p.add_argument("--allow_other_workloads", action="store_true",

@@ -37,7 +37,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from resnet_scaling import plan
 from resnet_scaling.analysis import hardware, planning, shipped_reports, step_model
+from resnet_scaling.config import IMAGENET_NUM_EVAL_EXAMPLES, IMAGENET_NUM_TRAIN_EXAMPLES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
@@ -362,7 +364,8 @@ def observations(reports_dir: Path = REPORTS_DIR, compile_up_to_chips: int = 0,
     out = []
     for entry in published:
         y = published_sec_per_epoch(entry)
-        train_steps = planning.IMAGENET_TRAIN_EXAMPLES / entry["global_batch"]
+        epoch_length = plan.EpochLength(IMAGENET_NUM_TRAIN_EXAMPLES, entry["global_batch"])
+        train_steps = epoch_length.exact_steps_per_epoch
         if "TPU" in entry["device_kind"]:
             path = reports_dir / f"{report_name(entry)}.json"
             if not path.is_file() and entry["num_chips"] > compile_up_to_chips:
@@ -375,7 +378,7 @@ def observations(reports_dir: Path = REPORTS_DIR, compile_up_to_chips: int = 0,
             kind = entry.get("accelerator") or entry["device_kind"]  # "A100-SXM4-80GB": its HBM.
             train, evaluation = step_model.scaled_programs(kind, gpus, min(gpus, per_node),
                                                         entry["global_batch"] / gpus, reference)
-            eval_steps = math.ceil(planning.IMAGENET_EVAL_EXAMPLES / entry["global_batch"]) / (
+            eval_steps = math.ceil(IMAGENET_NUM_EVAL_EXAMPLES / entry["global_batch"]) / (
                 MLPERF_EVAL_EVERY_EPOCHS)
         variants = [(train, evaluation)]
         if train.compiled_sec and train.bytes_per_chip:  # The same system's roofline, for its own fit.

@@ -33,7 +33,7 @@ _PUBLIC_MODULES = {
     "optim": ("OptimizerConfig", "ScheduleConfig", "create_dynamic_scale", "create_learning_rate_schedule",
               "create_optimizer", "lars"),
     "plan": ("BatchPlan", "TrainingPlan", "batch_plan", "derive"),
-    "predict": ("Predictor", "load_predictor"),
+    "predict": ("Predictor",),
     "sections": ("Sections",),
     "steps": ("StepConfig", "TrainState", "create_train_state", "eval_step", "jit_eval_step",
               "jit_train_step", "train_step"),
@@ -66,7 +66,7 @@ if TYPE_CHECKING:  # What type checkers and IDEs see.
         lars,
     )
     from resnet_scaling.plan import BatchPlan, TrainingPlan, batch_plan, derive
-    from resnet_scaling.predict import Predictor, load_predictor
+    from resnet_scaling.predict import Predictor
     from resnet_scaling.sections import Sections
     from resnet_scaling.steps import (
         StepConfig,
@@ -118,7 +118,6 @@ __all__ = [
     "jit_train_step",
     "lars",
     "load_exported",
-    "load_predictor",
     "load_torchvision_file",
     "make_shapes",
     "model_from_config",

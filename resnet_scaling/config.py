@@ -15,7 +15,7 @@ import json
 import math
 import os
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ml_collections
@@ -658,9 +658,70 @@ def resolve_config_flag(argv: list[str], flag: str = "config") -> list[str]:
     """`argv` with the `--config` value turned into a file path by `find_config_file` (both the
     `--config=VALUE` and the `--config VALUE` forms); entry points call it before absl parses flags."""
     resolved = list(argv)
-    for i, arg in enumerate(resolved):
-        if arg.startswith(f"--{flag}="):
-            resolved[i] = f"--{flag}=" + find_config_file(arg.split("=", 1)[1])
-        elif arg == f"--{flag}" and i + 1 < len(resolved):
-            resolved[i + 1] = find_config_file(resolved[i + 1])
+    for i, prefix, value in flag_values(argv, flag):
+        resolved[i] = prefix + find_config_file(value)
     return resolved
+
+
+# A command line's values, read here only: `--config` (a file), `--config.FIELD=VALUE` (ml_collections'
+# config flag, which parses the values itself) and `FIELD=VALUE` overrides of another flag (the evaluation's
+# `--override`, whose values `set_field` parses).
+CONFIG_OVERRIDE_PREFIX = "--config."
+
+
+def flag_values(argv: Sequence[str], flag: str) -> list[tuple[int, str, str]]:
+    """Each value of `--FLAG=VALUE` and `--FLAG VALUE` in `argv`: (index of the argument holding it, what
+    precedes it there, the value)."""
+    found = []
+    for i, arg in enumerate(argv):
+        if arg.startswith(f"--{flag}="):
+            found.append((i, f"--{flag}=", arg.split("=", 1)[1]))
+        elif arg == f"--{flag}" and i + 1 < len(argv):
+            found.append((i + 1, "", argv[i + 1]))
+    return found
+
+
+def parse_override(text: str) -> tuple[str, str | None]:
+    """A "FIELD=VALUE" override as its field and its value as typed, split at the first "=":
+    ("data.data_dir", "/mnt/tfds"); the value is None without an "=" (a flag whose value is the next
+    argument)."""
+    field, sep, value = text.partition("=")
+    return field.strip(), value if sep else None
+
+
+def command_line_overrides(argv: Sequence[str]) -> dict[str, str | None]:
+    """The `--config.FIELD=VALUE` overrides in `argv`, by field ("training.global_batch_size"), each with its
+    value as typed (`parse_override`)."""
+    return dict(parse_override(arg.removeprefix(CONFIG_OVERRIDE_PREFIX)) for arg in argv
+                if arg.startswith(CONFIG_OVERRIDE_PREFIX))
+
+
+def set_field(config: ml_collections.ConfigDict, field: str, value: Any) -> None:
+    """Sets `config.<field>` ("data.data_dir") to `value`, parsed where it is a command line's text and the
+    field is not a string: a number, a boolean, or a tuple such as (1, 2).
+
+    Raises:
+      ConfigError: `value` does not fit the field's type.
+    """
+    section, _, name = field.partition(".")
+    current = config[section][name]
+    if isinstance(value, str) and not isinstance(current, str):
+        value = _parse_value(value, type(current))
+    try:
+        config[section][name] = value
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"config.{field}: {value!r} does not fit a {type(current).__name__} field "
+                          f"({e}).") from None
+
+
+def _parse_value(text: str, kind: type) -> Any:
+    """A command-line value for a field of type `kind`: a number, a boolean, or a tuple such as (1, 2)."""
+    if kind is bool:
+        if text.lower() in ("true", "1", "false", "0"):
+            return text.lower() in ("true", "1")
+        return text
+    try:
+        value = json.loads(text.replace("(", "[").replace(")", "]"))
+    except json.JSONDecodeError:
+        return text  # Refused by the field's type check, with its name.
+    return tuple(value) if isinstance(value, list) else value

@@ -102,10 +102,8 @@ def parse_config_flags(argv: list[str]) -> list[str]:
     from resnet_scaling import config as config_lib
 
     argv = config_lib.resolve_config_flag(argv)
-    for i, arg in enumerate(argv):
-        value = (arg.split("=", 1)[1] if arg.startswith("--config=") else
-                 argv[i + 1] if arg == "--config" and i + 1 < len(argv) else None)
-        if value is not None and not os.path.isfile(value.split(":", 1)[0]):
+    for _, _, value in config_lib.flag_values(argv, "config"):
+        if not os.path.isfile(value.split(":", 1)[0]):
             raise SystemExit(f"error: --config={value}: no such config file{_config_suggestion(value)}")
     try:
         return parse_flags(argv)
@@ -140,8 +138,10 @@ def _unknown_field_message(error: BaseException, argv: list[str]) -> str:
     name = name.group(0) if name else "?"
     # The override that names it, as typed: a mistyped field, or a mistyped section
     # (--config.trainng.num_epochs), named as such.
-    override = next((a.split("=")[0] for a in argv if a.startswith("--config.")
-                     and name in a.split("=")[0].split(".")[1:]), f"--config.{name}")
+    from resnet_scaling import config as config_lib
+
+    override = config_lib.CONFIG_OVERRIDE_PREFIX + next(
+        (field for field in config_lib.command_line_overrides(argv) if name in field.split(".")), name)
     what = "field" if override.rsplit(".", 1)[-1] == name else f"section {name}"
     suggestion = re.search(r'Did you mean "(\w+)"', text)
     return (f"{override}: no such config {what}" +
@@ -154,6 +154,7 @@ def read_config_flag(config_flag: flags.FlagHolder, argv: list[str] | None = Non
     (`recipes.resolve`: the `--config.*` overrides in `argv`, default `sys.argv`, keep their values; the
     changes are logged where `log`), or one `error:` line when its file does not load (ml_collections:
     chained tracebacks) or its recipe is unknown."""
+    from resnet_scaling import config as config_lib
     from resnet_scaling import recipes, workdir
     from resnet_scaling.errors import ConfigError
 
@@ -166,17 +167,13 @@ def read_config_flag(config_flag: flags.FlagHolder, argv: list[str] | None = Non
         raise SystemExit(f"error: cannot load the config file given by --config ({cause}). Give a path to "
                          f"a config file, or one of: {_shipped_configs()}.") from None
     try:
-        resolution = recipes.resolve(config, explicit=override_fields(sys.argv if argv is None else argv))
+        resolution = recipes.resolve(config, explicit=set(config_lib.command_line_overrides(
+            sys.argv if argv is None else argv)))
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
     if log:
         recipes.log_resolution(resolution, kept_by="the command line or the config file")
     return resolution.config
-
-
-def override_fields(argv: list[str]) -> set[str]:
-    """The fields `--config.SECTION.FIELD=VALUE` flags in `argv` set ("training.global_batch_size")."""
-    return {arg[len("--config."):].split("=", 1)[0] for arg in argv if arg.startswith("--config.")}
 
 
 def configure_command_line_logging(workdir: str | None = None) -> str | None:

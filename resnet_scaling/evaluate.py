@@ -51,11 +51,11 @@ def main(argv: list[str]) -> None:
     options = flags.FLAGS
     overrides = {}
     for item in options.override:
-        field, sep, value = item.partition("=")
-        if not sep:
+        field, value = config_lib.parse_override(item)
+        if value is None:
             raise SystemExit(f"error: --override takes FIELD=VALUE (e.g. data.data_dir=/mnt/tfds), got "
                              f"{item!r}.")
-        overrides[field.strip()] = value
+        overrides[field] = value
     process_setup.start_process(keep_freed_memory=options.keep_freed_memory)  # As train.py does.
     try:
         with stopping.phase(f"evaluating the {options.weights} weights"):

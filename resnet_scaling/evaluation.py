@@ -174,24 +174,4 @@ def _override(config: ml_collections.ConfigDict, field: str, value: Any) -> None
         raise config_lib.ConfigError(
             f"config.{field}: only existing data.* and eval.* fields can be overridden (the model is the "
             "run's), e.g. data.data_dir, data.folder or eval.global_batch_size.")
-    current = config[section][name]
-    if isinstance(value, str) and not isinstance(current, str):
-        value = _parse(value, type(current))
-    try:
-        config[section][name] = value
-    except (TypeError, ValueError) as e:
-        raise config_lib.ConfigError(f"config.{field}: {value!r} does not fit a {type(current).__name__} "
-                                     f"field ({e}).") from None
-
-
-def _parse(text: str, kind: type) -> Any:
-    """A command-line value for a field of type `kind`: a number, a boolean, or a tuple such as (1, 2)."""
-    if kind is bool:
-        if text.lower() in ("true", "1", "false", "0"):
-            return text.lower() in ("true", "1")
-        return text
-    try:
-        value = json.loads(text.replace("(", "[").replace(")", "]"))
-    except json.JSONDecodeError:
-        return text  # Refused by the field's type check, with its name.
-    return tuple(value) if isinstance(value, list) else value
+    config_lib.set_field(config, field, value)

@@ -177,7 +177,7 @@ def create_learning_rate_schedule(schedule: ScheduleConfig, plan: TrainingPlan) 
     peak = plan.peak_learning_rate
     warmup_length = float(plan.warmup_exact_steps)
     origin = plan.warmup_steps
-    steps_per_epoch = plan.num_train_examples / plan.global_batch_size
+    exact_steps_per_epoch = plan.epoch_length.exact_steps_per_epoch  # As resnet_main.py: unrounded.
     if s.name == "cosine":
         cosine = optax.cosine_decay_schedule(peak, max(1, plan.total_steps - origin),
                                              alpha=s.end_learning_rate / peak if peak else 0.0)
@@ -192,7 +192,7 @@ def create_learning_rate_schedule(schedule: ScheduleConfig, plan: TrainingPlan) 
     elif s.name == "piecewise":
         boundaries = jnp.asarray(sorted(s.boundary_epochs), jnp.float32)
         def decay(step):
-            epoch = jnp.asarray(step, jnp.float32) / steps_per_epoch
+            epoch = jnp.asarray(step, jnp.float32) / exact_steps_per_epoch
             return peak * jnp.asarray(s.decay_factor, jnp.float32) ** jnp.sum(epoch >= boundaries)
     elif s.name == "constant":
         def decay(step):

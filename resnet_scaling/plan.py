@@ -9,7 +9,8 @@ data source needs the batch sizes before it can say how large its splits are:
                                 num_eval_examples=source.num_eval_examples)
 
 Durations (length, warm-ups, intervals) are given in steps, examples or epochs (which fields:
-`config_fields.DURATIONS`); `duration_steps` converts them all (as big_vision's `u.steps`).
+`config_fields.DURATIONS`); `duration_steps` converts them all (as big_vision's `u.steps`). Wherever the
+package turns epochs into steps or back, `EpochLength` (the plan's `epoch_length`) does it.
 
 When the loop logs, evaluates, saves and stops is decided here too, in one place that the loop asks:
 
@@ -21,11 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 import ml_collections
-from jax.sharding import Mesh
 
-from resnet_scaling import mesh as mesh_lib
 from resnet_scaling.config_fields import (
     CHECKPOINT_INTERVAL,
     EVAL_INTERVAL,
@@ -33,9 +33,63 @@ from resnet_scaling.config_fields import (
     TRAINING_LENGTH,
     WARMUP,
     Duration,
+    Rounding,
     set_duration_field,
 )
 from resnet_scaling.errors import ConfigError
+
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochLength:
+    """The one converter between epochs and steps: an epoch is `num_train_examples` images, a step
+    `global_batch_size` of them. Both directions are fractional; `whole_steps` rounds a length to steps.
+
+    Attributes:
+      num_train_examples: the training split's size (all processes).
+      global_batch_size: images per step.
+    """
+
+    num_train_examples: int
+    global_batch_size: int
+
+    def steps(self, epochs: float) -> float:
+        """Steps (fractional) whose images make `epochs` passes over the training split."""
+        return epochs * self.num_train_examples / self.global_batch_size
+
+    def epochs(self, steps: float) -> float:
+        """Epochs done after `steps` steps, by images seen (MLPerf's `epoch_num` counts so); `steps /
+        steps_per_epoch` would undercount (2.3% at 32k: 40 steps per epoch rounded up from 39.1)."""
+        return steps * self.global_batch_size / self.num_train_examples
+
+    @property
+    def exact_steps_per_epoch(self) -> float:
+        """Steps in one epoch, unrounded (39.1 at 32k): what a schedule divides a step by for its epoch."""
+        return self.steps(1)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Whole steps that see every training example once (rounded up: 40 at 32k)."""
+        return math.ceil(self.exact_steps_per_epoch)  # As eval_steps_by_epochs: no tolerance needed.
+
+
+def whole_steps(steps: float, rounding: Rounding) -> int:
+    """Fractional `steps` as whole steps, rounded as a `Duration`'s `rounding` says
+    (`config_fields.Duration`): "up" and "down" tolerate float error (90 epochs of an exact multiple stay
+    exact); "interval" gives at least 1 step for a positive interval and 0 for none."""
+    if rounding == "interval" and steps <= 0:
+        return 0
+    if steps == int(steps):
+        return int(steps)
+    if rounding == "up":
+        return math.ceil(steps - 1e-9)
+    if rounding == "down":
+        return math.floor(steps + 1e-9)
+    if rounding == "interval":
+        return max(1, int(round(steps)))
+    return int(round(steps))
 
 
 def fractional_steps(config: ml_collections.ConfigDict, duration: Duration, num_train_examples: int,
@@ -51,26 +105,14 @@ def fractional_steps(config: ml_collections.ConfigDict, duration: Duration, num_
         return float(int(value))
     if name == duration.examples:
         return value / global_batch_size
-    return value * num_train_examples / global_batch_size
+    return EpochLength(num_train_examples, global_batch_size).steps(value)
 
 
 def duration_steps(config: ml_collections.ConfigDict, duration: Duration, num_train_examples: int,
                    global_batch_size: int) -> int | None:
     """A duration in whole steps, rounded as `duration.rounding` says; None where none of its fields is."""
     steps = fractional_steps(config, duration, num_train_examples, global_batch_size)
-    if steps is None:
-        return None
-    if duration.rounding == "interval" and steps <= 0:
-        return 0
-    if steps == int(steps):
-        return int(steps)
-    if duration.rounding == "up":
-        return math.ceil(steps - 1e-9)  # Tolerates float error: 90 epochs of an exact multiple stay exact.
-    if duration.rounding == "down":
-        return math.floor(steps + 1e-9)
-    if duration.rounding == "interval":
-        return max(1, int(round(steps)))
-    return int(round(steps))
+    return None if steps is None else whole_steps(steps, duration.rounding)
 
 
 def resolve_bn_group_size(bn_group_size: int, global_batch_size: int, num_devices: int | None) -> int | None:
@@ -164,6 +206,10 @@ def batch_plan(config: ml_collections.ConfigDict, num_devices: int, num_local_de
 
 def batch_plan_for_mesh(config: ml_collections.ConfigDict, mesh: Mesh) -> BatchPlan:
     """The batch sizes of `config` on `mesh`, as seen from this process."""
+    # jax only here, where there is a mesh: the rest is arithmetic that the planner
+    # (analysis/planning.py) uses without it.
+    from resnet_scaling import mesh as mesh_lib
+
     return batch_plan(config, mesh.size, *mesh_lib.process_layout(mesh))
 
 
@@ -174,7 +220,6 @@ class TrainingPlan:
     Attributes:
       batch: the batch sizes (global, per process, per device; training and evaluation) and BN groups;
         the evaluation batch fitted to the evaluation set (`BatchPlan.for_eval_set`).
-      steps_per_epoch: rounded up; for display and bookkeeping (durations in epochs: `duration_steps`).
       warmup_steps: whole warm-up steps (rounded down, as tensorflow/tpu): where the decay starts counting.
       peak_learning_rate: learning rate at the end of warm-up.
       eval_every_steps: steps between evaluations (0: only at the end).
@@ -187,7 +232,6 @@ class TrainingPlan:
     batch: BatchPlan
     num_train_examples: int
     num_eval_examples: int
-    steps_per_epoch: int
     total_steps: int
     warmup_steps: int
     peak_learning_rate: float
@@ -214,15 +258,16 @@ class TrainingPlan:
     def bn_group_size(self) -> int | None:
         return self.batch.bn_group_size
 
-    def epochs_at(self, step: int) -> float:
-        """Epochs done after `step` steps by images seen, as MLPerf's `epoch_num` counts them; `step /
-        steps_per_epoch` would undercount (2.3% at 32k: 40 steps per epoch rounded up from 39.1)."""
-        return step * self.global_batch_size / self.num_train_examples
+    @property
+    def epoch_length(self) -> EpochLength:
+        """The run's epochs <-> steps converter."""
+        return EpochLength(self.num_train_examples, self.global_batch_size)
 
-    def epochs_to_steps(self, epochs: float) -> int:
-        """Steps that see `epochs` passes over the examples, rounded to the nearest step (schedule
-        boundaries given in epochs). The run's length rounds up instead (`duration_steps`)."""
-        return int(round(epochs * self.num_train_examples / self.global_batch_size))
+    @property
+    def steps_per_epoch(self) -> int:
+        """Whole steps that see every example once (rounded up); for display and bookkeeping. Epochs and
+        steps convert through `epoch_length` (unrounded: `epoch_length.exact_steps_per_epoch`)."""
+        return self.epoch_length.steps_per_epoch
 
 
 def derive(config: ml_collections.ConfigDict, num_train_examples: int, num_devices: int | None = None, *,
@@ -264,7 +309,6 @@ def derive(config: ml_collections.ConfigDict, num_train_examples: int, num_devic
         batch=batch,
         num_train_examples=num_train_examples,
         num_eval_examples=num_eval_examples,
-        steps_per_epoch=math.ceil(num_train_examples / global_batch),
         total_steps=total_steps,
         warmup_steps=warmup_steps,
         peak_learning_rate=float(peak),
@@ -355,9 +399,12 @@ def eval_steps_by_epochs(num_train_examples: int, global_batch_size: int, every_
                          total_steps: int) -> tuple[int, ...]:
     """MLPerf's evaluation points: after the first step whose images reach each multiple of `every_epochs`
     epochs (`ceil(k * every_epochs * examples / batch)`), and after the last step."""
+    epoch_length = EpochLength(num_train_examples, global_batch_size)
     steps = []
     k = 1
-    while (step := -(-k * every_epochs * num_train_examples // global_batch_size)) < total_steps:
+    # math.ceil without whole_steps' tolerance: whole epochs' steps are a correctly rounded ratio of whole
+    # numbers, which is exact where the ratio is whole and far from whole numbers where it is not.
+    while (step := math.ceil(epoch_length.steps(k * every_epochs))) < total_steps:
         steps.append(step)
         k += 1
     return (*steps, total_steps)

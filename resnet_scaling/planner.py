@@ -66,19 +66,6 @@ def parse_price(text: str) -> tuple[str, planning.Price]:
     return system, planning.Price(usd, source.strip())
 
 
-def load_price_table(path: str) -> dict[str, planning.Price]:
-    """The `--prices` table; raises ValueError naming a malformed entry."""
-    table = json.loads(workdir.as_path(path).read_text())
-    prices = {}
-    for kind, entry in table.items():
-        try:
-            prices[kind] = planning.Price(float(entry["usd_per_chip_hour"]), str(entry["source"]),
-                                          str(entry.get("date", "")))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{path}: {kind!r} needs usd_per_chip_hour and source ({e})") from None
-    return prices
-
-
 def parse_input_rate(text: str) -> planning.Figure:
     """Figure(1143, "given", "...") from "1143:SOURCE"; raises ValueError naming what is wrong."""
     value, _, source = text.partition(":")

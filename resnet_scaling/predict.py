@@ -31,7 +31,7 @@ from resnet_scaling import checkpointing, models, steps
 from resnet_scaling import config as config_lib
 from resnet_scaling import sections as sections_lib
 
-__all__ = ["WEIGHTS", "Predictor", "load_predictor"]
+__all__ = ["WEIGHTS", "Predictor"]
 
 WEIGHTS = checkpointing.WEIGHTS  # What a workdir holds: the final parameters, the best evaluation's.
 # Data sources whose images reach the model as given (no resize or crop in training or evaluation).
@@ -202,11 +202,6 @@ def _center_crop(image: Any, config: Any) -> Any:
     top, left, height, width = (int(v) for v in preprocessing.center_crop_window(
         preprocessing.tf.shape(image), config).numpy())
     return image[top:top + height, left:left + width]
-
-
-def load_predictor(path: str, weights: str = "export", **kwargs: Any) -> Predictor:
-    """`Predictor.from_workdir(path, weights, **kwargs)`: a run's predictor in one call."""
-    return Predictor.from_workdir(path, weights, **kwargs)
 
 
 def _forward(variables: Any, images: jax.Array, *, model: models.ResNet, mean_rgb: tuple[float, ...],

@@ -24,8 +24,13 @@ from resnet_scaling import config as config_lib
 
 logger = logging.getLogger(__name__)
 
-# The case study's methodology: 90 measured epochs plus 1 warm-up epoch (r1.12's v2-512.yaml: 3,558 steps).
-CASE_STUDY_EPOCHS = 91.0
+# The case study's methodology: the clock times 90 epochs to 76% top-1 (CASE_STUDY_TIMED_EPOCHS, what the
+# published minutes cover) after 1 untimed warm-up epoch (the default `training.timing_warmup_epochs`); a
+# run trains both (CASE_STUDY_TRAINED_EPOCHS: r1.12's v2-512.yaml, 3,558 steps of 32,768 images).
+CASE_STUDY_TIMED_EPOCHS = 90
+CASE_STUDY_UNTIMED_EPOCHS = 1
+CASE_STUDY_TRAINED_EPOCHS = float(CASE_STUDY_TIMED_EPOCHS + CASE_STUDY_UNTIMED_EPOCHS)
+CASE_STUDY_EVAL_EVERY_EPOCHS = 4.0  # As MLPerf's ResNet rules.
 # tensorflow/tpu's resnet_main.py switches to LARS (with label smoothing) at 16k images per step.
 LARS_MIN_GLOBAL_BATCH = 16_384
 
@@ -137,8 +142,8 @@ def use_case_study_recipe(config: ml_collections.ConfigDict) -> ml_collections.C
         use_case_study_lars(config)
     else:
         use_momentum_linear_scaling(config)
-    config.training.num_epochs = CASE_STUDY_EPOCHS
-    config.eval.every_epochs = 4.0
+    config.training.num_epochs = CASE_STUDY_TRAINED_EPOCHS
+    config.eval.every_epochs = CASE_STUDY_EVAL_EVERY_EPOCHS
     return _record(config, "case_study")
 
 

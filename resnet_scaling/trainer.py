@@ -481,7 +481,7 @@ def _restore(checkpointer: checkpointing.Checkpointer | None, state: steps.Train
         return state, None
     state, meta = restored
     log("Resumed from %s at step %d (epoch %.2f).", checkpointer.directory, int(state.step),
-        plan.epochs_at(int(state.step)))
+        plan.epoch_length.epochs(int(state.step)))
     return state, meta
 
 
@@ -496,8 +496,6 @@ def _log_compiled(log: Callable[..., None], compiled: Any, compile_sec: float) -
 def _record_changes_on_resume(workdir: str, saved_meta: dict[str, Any], config: ml_collections.ConfigDict,
                               step: int) -> None:
     """Logs the settings that differ from the checkpoint's run, and appends them to config_changes.jsonl."""
-    if "run_config" not in saved_meta:  # Checkpoints of earlier versions record only the shapes' fields.
-        return
     changes = checkpointing.changed_on_resume(saved_meta["run_config"], config)
     if not changes:
         return
@@ -539,7 +537,8 @@ def _log_setup(log: Callable[..., None], run: training_setup.TrainingSetup) -> N
         "" if processes == 1 else "es", dict(mesh.shape))
     log("Batch: %d global, %d per device; %d steps (%d per epoch, %.2f epochs); learning rate %.4g at its "
         "peak after %d warm-up steps.", plan.global_batch_size, plan.per_device_batch_size, plan.total_steps,
-        plan.steps_per_epoch, plan.epochs_at(plan.total_steps), plan.peak_learning_rate, plan.warmup_steps)
+        plan.steps_per_epoch, plan.epoch_length.epochs(plan.total_steps), plan.peak_learning_rate,
+        plan.warmup_steps)
     log("Timing: images/sec and time to accuracy are measured after step %d (training.timing_warmup_*).",
         plan.timing_warmup_steps)
     eval_batch, configured = plan.batch.eval_global_batch_size, config.eval.global_batch_size

@@ -174,13 +174,26 @@ def test_published_rows_reproduce_the_case_study():
 
 
 def test_an_edited_price_table_changes_the_cost(tmp_path):
-    prices = tmp_path / "prices.json"
-    prices.write_text(json.dumps({"accelerators": {"TPU v2": [3.0, "mine"]}, "vms": {}}))
+    prices = tmp_path / "prices.json"  # The planner's shape (analysis/prices.json).
+    prices.write_text(json.dumps({"TPU v2": {"usd_per_chip_hour": 3.0, "source": "mine"}}))
     table = case_study.load_prices(str(prices))
-    pod = case_study.PUBLISHED[2]
+    pod, v100 = case_study.PUBLISHED[2], case_study.PUBLISHED[0]
     default_cost = case_study.cost_per_run(pod, case_study.PRICES)
     assert case_study.cost_per_run(pod, table) == pytest.approx(2 * default_cost)
-    assert case_study.cost_per_run(case_study.PUBLISHED[0], table) is None  # No V100 price: no cost.
+    assert table["accelerators"]["TPU v2"] == (3.0, "given: mine")
+    # Kinds the file lacks keep the shipped prices, as the planner's --prices.
+    assert case_study.cost_per_run(v100, table) == case_study.cost_per_run(v100, case_study.PRICES)
+
+
+def test_the_report_reads_the_planners_price_table_but_for_the_case_studys_pod():
+    shipped = planning.load_prices()
+    accelerators, vms = case_study.PRICES["accelerators"], case_study.PRICES["vms"]
+    assert accelerators["V100"][0] == shipped["V100"].usd_per_chip_hour
+    assert {machine: usd for machine, (usd, _) in vms.items()} == {
+        h.machine: h.usd_per_hour for h in shipped["V100"].host_vm.values()}
+    # The pod's $384/h (the case study's "nearly 40% lower"), apart from a v2 device's shipped price.
+    assert accelerators["TPU v2"] == (1.50, "assumed: full v2 Pod $384/h (docs/case_study.md) / 256 chips")
+    assert shipped["TPU v2"].usd_per_chip_hour != 1.50
 
 
 def _predictions(v100_step, v100x8_step, pod_step):
@@ -257,11 +270,14 @@ def test_markdown_says_what_is_derived_and_assumed(tmp_path):
     assert "| 1,232 (derived) | 26.0 h (published) |" in table["1x V100 (n1-standard-8)"]
     assert "| 9,010 (derived) | 3.6 h (derived) |" in table["8x V100 (n1-standard-64)"]
     assert "| 243,260 (derived) | 7.9 min (published) |" in table["Cloud TPU v2 Pod (v2-512)"]
-    assert "speedup over 1x V100 (derived)" in text and "cost per run (assumed prices)" in text
+    assert "speedup over 1x V100 (derived)" in text and "cost per run (prices below)" in text
     assert "time derived: 27 x 7.9 min = 213 min" in text
     assert "- TPU v2, the planner: uncalibrated: libtpu's estimate x" in text
     assert "no published TPU v2 point, TPU v3 (compiled)'s fit" in text
-    assert text.count("| assumed: ") == len(case_study.PRICES["accelerators"]) + len(case_study.PRICES["vms"])
+    # Each price says its basis: the pod's assumed, the others the planner's shipped table with its date.
+    assert text.count("| assumed: ") == 1
+    prices = case_study.PRICES
+    assert text.count("| shipped (") == len(prices["accelerators"]) + len(prices["vms"]) - 1
 
 
 def test_predicted_vs_published_disagreement_is_reported(tmp_path, monkeypatch):

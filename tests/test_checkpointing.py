@@ -403,26 +403,6 @@ def test_the_best_evaluation_outlives_relaunches_and_a_non_finite_one_is_never_b
     assert checkpointing.best_step(str(tmp_path)) == 8
 
 
-def test_an_earlier_versions_best_directory_still_loads(tmp_path):
-    import orbax.checkpoint as ocp
-
-    from resnet_scaling import training_setup
-
-    config = tiny_config()
-    state = training_setup.setup(config, arrays=random_arrays()).state
-    variables = jax.device_get({"params": state.params, "batch_stats": state.batch_stats})
-    # best/ as earlier versions wrote it: a manager of its own, items `variables` and `meta`.
-    manager = ocp.CheckpointManager(tmp_path / "best", item_names=("variables", "meta"))
-    meta = {"step": 6, "config": config.to_dict(), "eval": {"eval_top1": 0.5, "eval_loss": 1.0}}
-    manager.save(6, args=ocp.args.Composite(variables=ocp.args.StandardSave(variables),
-                                            meta=ocp.args.JsonSave(meta)))
-    manager.wait_until_finished()
-    manager.close()
-    loaded, loaded_config, step = checkpointing.load_weights(str(tmp_path), "best")
-    _assert_bitwise_equal(loaded, variables)
-    assert step == 6 and loaded_config.model.name == config.model.name
-
-
 def test_a_non_finite_state_is_never_exported(tmp_path):
     from resnet_scaling import training_setup
 

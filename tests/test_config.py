@@ -130,7 +130,7 @@ def test_derive_imagenet_goyal_recipe():
     assert plan.peak_learning_rate == pytest.approx(0.4)  # 0.1 * 1024 / 256
     assert plan.eval_every_steps == 1251  # every epoch: round(1251.14)
     assert plan.num_devices == 8
-    assert plan.epochs_to_steps(30) == 37_534  # round(37_534.2)
+    assert plan.epoch_length.steps(30) == pytest.approx(37_534.2, abs=0.05)  # 30 * 1_281_167 / 1024
 
 
 @pytest.mark.parametrize(
@@ -438,7 +438,7 @@ def test_case_study_tpu_configs_match_the_published_table(name):
     plan = derive(config, config_lib.IMAGENET_NUM_TRAIN_EXAMPLES, num_devices=cores)
     assert config.mesh.num_devices == cores
     assert (plan.global_batch_size, plan.total_steps) == (batch, train_steps)
-    assert plan.epochs_to_steps(1) == warmup_epoch_steps  # the methodology's warm-up epoch
+    assert plan.timing_warmup_steps == warmup_epoch_steps  # the methodology's warm-up epoch, untimed
     assert config.model.compute_dtype == "bfloat16"
     assert config.system.device_kind == "TPU v2" and config.system.topology.startswith("v2:")
     assert config.optimizer.name == optimizer
@@ -562,5 +562,33 @@ def test_epochs_are_counted_by_images_seen():
     plan = derive(config, config_lib.IMAGENET_NUM_TRAIN_EXAMPLES, num_devices=8)
     # 3,558 steps of 32,768 images over 1,281,167: 91.002 epochs; 3,558 / 40 (steps per epoch rounded up)
     # would say 88.95.
-    assert plan.epochs_at(3558) == pytest.approx(3558 * 32768 / 1_281_167) == pytest.approx(91.0, abs=0.01)
-    assert plan.epochs_at(0) == 0.0
+    assert plan.epoch_length.epochs(3558) == pytest.approx(3558 * 32768 / 1_281_167) == pytest.approx(
+        91.0, abs=0.01)
+    assert plan.epoch_length.epochs(0) == 0.0
+    assert plan.epoch_length.exact_steps_per_epoch == 1_281_167 / 32_768  # 39.1, unrounded
+    assert plan.steps_per_epoch == 40  # rounded up
+
+
+def test_one_parser_reads_a_command_lines_config_flag_and_overrides():
+    argv = ["train", "--config", "demo", "--config.training.num_epochs=2", "--config.data.folder=a=b",
+            "--config.eval.every_epochs", "1", "--override=data.data_dir=/mnt/tfds", "--config=pod:8"]
+    assert config_lib.flag_values(argv, "config") == [(2, "", "demo"), (8, "--config=", "pod:8")]
+    # The value is what follows the first "="; a field without one takes the next argument.
+    assert config_lib.command_line_overrides(argv) == {
+        "training.num_epochs": "2", "data.folder": "a=b", "eval.every_epochs": None}
+    assert config_lib.parse_override("data.data_dir=/mnt/tfds") == ("data.data_dir", "/mnt/tfds")
+    assert config_lib.parse_override("data.data_dir") == ("data.data_dir", None)
+
+
+@pytest.mark.parametrize("field, text, expected", [
+    ("eval.global_batch_size", "64", 64), ("data.data_dir", "/mnt/tfds", "/mnt/tfds"),
+    ("data.mean_rgb", "(0.5, 0.5, 0.5)", (0.5, 0.5, 0.5)), ("eval.every_epochs", "2", 2.0)])
+def test_set_field_parses_a_command_line_value_by_the_fields_type(field, text, expected):
+    config = get_base_config()
+    config_lib.set_field(config, field, text)
+    assert config[field] == expected
+
+
+def test_set_field_refuses_a_value_of_another_type_naming_the_field():
+    with pytest.raises(ConfigError, match=r"config.eval.global_batch_size: 'many' does not fit a int field"):
+        config_lib.set_field(get_base_config(), "eval.global_batch_size", "many")

@@ -20,7 +20,7 @@ import pytest
 from resnet_scaling import checkpointing, trainer
 from resnet_scaling import config as config_lib
 from resnet_scaling.evaluation import evaluate_workdir
-from resnet_scaling.predict import Predictor, load_predictor
+from resnet_scaling.predict import Predictor
 from tests.helpers import launch_xla_flags, model_of, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -122,7 +122,7 @@ def test_the_predictor_normalises_as_training_did_and_raw_pixels_into_the_model_
     np.testing.assert_allclose(logits, model.apply(variables, normalised, train=False), rtol=1e-4, atol=1e-4)
 
     # Any batch size, in chunks or not, gives each image the same logits (batch norm uses running averages).
-    chunked = load_predictor(str(workdir), batch_size=16)(images)  # Chunks of 16, 16 and 8.
+    chunked = Predictor.from_workdir(str(workdir), batch_size=16)(images)  # Chunks of 16, 16 and 8.
     np.testing.assert_allclose(chunked, logits, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(predictor(images[3:4]), logits[3:4], rtol=1e-5, atol=1e-5)
     assert predictor(images[:0]).shape == (0, 4)

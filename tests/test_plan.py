@@ -32,6 +32,26 @@ def test_every_duration_converts_steps_examples_and_epochs_alike(duration):
     assert config_fields.set_duration_field(config, duration) == f"{duration.section}.{duration.steps}"
 
 
+def test_epoch_length_converts_epochs_and_steps_both_ways():
+    length = plan.EpochLength(IMAGENET, 32_768)
+    assert length.exact_steps_per_epoch == IMAGENET / 32_768  # 39.1: what a schedule divides by
+    assert length.steps_per_epoch == 40  # rounded up: steps that see every image once
+    assert length.steps(91) == 91 * IMAGENET / 32_768
+    assert length.epochs(3558) == 3558 * 32_768 / IMAGENET  # By images seen, not 3558 / 40.
+    assert length.epochs(length.steps(2.5)) == pytest.approx(2.5)
+
+
+def test_whole_epochs_and_steps_round_as_integer_arithmetic_does():
+    """`math.ceil` and `math.floor` of a conversion of whole numbers need no tolerance: the quotient is
+    correctly rounded, so it is exact where whole and stays on its side of every whole number otherwise."""
+    rng = np.random.default_rng(0)
+    for examples, batch, k in zip(rng.integers(1, 2_000_000, 3000), rng.integers(1, 70_000, 3000),
+                                  rng.integers(0, 5000, 3000), strict=True):
+        length = plan.EpochLength(int(examples), int(batch))
+        assert math.ceil(length.steps(int(k))) == -(-int(k) * int(examples) // int(batch))
+        assert math.floor(length.epochs(int(k))) == int(k) * int(batch) // int(examples)
+
+
 def test_examples_set_the_run_length_and_warmup_in_the_plan():
     config = tiny_config(training__num_train_steps=None, training__num_examples=100,
                          schedule__warmup_steps=None, schedule__warmup_examples=40)

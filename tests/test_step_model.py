@@ -41,22 +41,22 @@ def test_ring_steps_follow_the_torus(group, torus, steps):
 
 
 def test_an_all_reduce_costs_its_ring_steps_latency_and_twice_its_bytes_over_the_link():
-    grads = step_model.Collective("all-reduce", 16, 1, 51e6)
+    grads = step_model.CollectiveTraffic("all-reduce", 16, 1, 51e6)
     tpu = program("TPU v5 lite", torus=(4, 4), collectives=(grads,))
     # v5e: 51.2 TB/s of all-reduce bandwidth over 256 chips = 200 GB/s a chip; a 4x4 torus: 12 ring steps.
     assert step_model.collective_sec(tpu) == pytest.approx(12 * 1e-6 + 2 * 15 / 16 * 51e6 / 200e9)
     # Two slices: the cross-slice half over DCN (2 x 100 Gb/s per 8 chips = 3.125 GB/s a chip), 2 steps.
     across = program("TPU v5 lite", torus=(16, 16),
-                     collectives=(step_model.Collective("all-reduce", 2, 52, 1.7e6, across=True),))
+                     collectives=(step_model.CollectiveTraffic("all-reduce", 2, 52, 1.7e6, across=True),))
     assert step_model.collective_sec(across) == pytest.approx(52 * 2 * 10e-6 + 2 * 1 / 2 * 1.7e6 / 3.125e9)
     # 16 H100s on 2 nodes: NVLink inside (450 GB/s one way), each GPU's eighth over its 50 GB/s NDR port.
-    inside = step_model.Collective("all-reduce", 8, 1, 51e6)
-    between = step_model.Collective("all-reduce", 2, 1, 51e6, across=True)
+    inside = step_model.CollectiveTraffic("all-reduce", 8, 1, 51e6)
+    between = step_model.CollectiveTraffic("all-reduce", 2, 1, 51e6, across=True)
     gpus = program("NVIDIA H100 80GB HBM3", chips_per_node=8, collectives=(inside, between))
     assert step_model.collective_sec(gpus) == pytest.approx(
         14 * 2e-6 + 2 * 7 / 8 * 51e6 / 450e9 + 2 * 5e-6 + 2 * 1 / 2 * 51e6 / 8 / 50e9)
     # Two cores of one v3 chip reduce on the chip: no link.
-    one_chip = program("TPU v3", collectives=(step_model.Collective("all-reduce", 1, 98, 4e5),))
+    one_chip = program("TPU v3", collectives=(step_model.CollectiveTraffic("all-reduce", 1, 98, 4e5),))
     assert step_model.collective_sec(one_chip) == 0.0
 
 
@@ -102,7 +102,7 @@ def test_few_points_fit_a_alone_and_a_generation_without_points_borrows_labelled
 
 
 def test_a_step_is_a_base_times_a_plus_b_plus_collectives_with_the_fits_interval():
-    grads = step_model.Collective("all-reduce", 16, 1, 51e6)
+    grads = step_model.CollectiveTraffic("all-reduce", 16, 1, 51e6)
     tpu = program("TPU v3", compiled=0.1, torus=(4, 4), collectives=(grads,))
     v3 = step_model.Calibration("TPU v3", "compiled", 1.4, 0.002, 0.08, ("a", "b", "c"))
     step = step_model.predict_step(tpu, {("TPU v3", "compiled"): v3})

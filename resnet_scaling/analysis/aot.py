@@ -223,8 +223,8 @@ def build_report(config: ml_collections.ConfigDict, devices: Sequence[jax.Device
         eval_flops_per_device=compiled_eval and compiled_lib.flops_per_device(compiled_eval),
         eval_bytes_accessed_per_device=compiled_eval and compiled_lib.bytes_accessed_per_device(
             compiled_eval),
-        num_epochs=plan.epochs_at(plan.total_steps),
-        eval_every_epochs=plan.epochs_at(plan.eval_every_steps),
+        num_epochs=plan.epoch_length.epochs(plan.total_steps),
+        eval_every_epochs=plan.epoch_length.epochs(plan.eval_every_steps),
         mlperf_mode=bool(config.mlperf.enabled),
         collectives=hlo.summarize(collectives),
         collectives_by_slice=hlo.summarize_by_slice(collectives, slice_of_device),

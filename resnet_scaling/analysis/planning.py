@@ -29,12 +29,13 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from resnet_scaling import plan as plan_lib
+from resnet_scaling import recipes
 from resnet_scaling.analysis import convergence, hardware, step_model
+from resnet_scaling.config import IMAGENET_NUM_TRAIN_EXAMPLES
+from resnet_scaling.config_fields import TRAINING_LENGTH
 from resnet_scaling.errors import RunError
 
-CASE_STUDY_EPOCHS = 90  # The case study's timed epochs (after one warm-up epoch), at 76% top-1.
-IMAGENET_TRAIN_EXAMPLES = 1_281_167
-IMAGENET_EVAL_EXAMPLES = 50_000
 PRICES_PATH = pathlib.Path(__file__).with_name("prices.json")
 # The shipped compile report whose FLOPs and HBM bytes per image stand for a program that cannot be compiled
 # here (a GPU's: no GPU compiler runs without the GPU; TPU v6e's: libtpu crashes compiling it): ResNet-50
@@ -58,7 +59,7 @@ class PublishedRun:
 
 CASE_STUDY_POD = PublishedRun(
     system="Cloud TPU v2 Pod (v2-512)", device_kind="TPU v2", num_chips=256, global_batch=32_768,
-    epochs=CASE_STUDY_EPOCHS,
+    epochs=recipes.CASE_STUDY_TIMED_EPOCHS,
     minutes=7.9,
     source="the case study: 7.9 minutes for 90 epochs on 256 chips (Google Cloud blog, Dec 2018)")
 
@@ -138,7 +139,7 @@ class Recipe:
     mlperf_mode: bool = False
 
 
-CASE_STUDY_RECIPE = Recipe(91.0, 4.0)
+CASE_STUDY_RECIPE = Recipe(recipes.CASE_STUDY_TRAINED_EPOCHS, recipes.CASE_STUDY_EVAL_EVERY_EPOCHS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,12 +170,17 @@ class System:
     setup_sec: Figure | None = None
     chips_per_node: int = 0
     why_not: str = ""
-    num_train_examples: int = IMAGENET_TRAIN_EXAMPLES
+    num_train_examples: int = IMAGENET_NUM_TRAIN_EXAMPLES
 
     @property
     def family(self) -> str:
         """"TPU" or "GPU"."""
         return "TPU" if "tpu" in self.device_kind.lower() else "GPU"
+
+    @property
+    def epoch_length(self) -> plan_lib.EpochLength:
+        """The system's epochs <-> steps converter, as its run's plan has it."""
+        return plan_lib.EpochLength(self.num_train_examples, self.global_batch)
 
 
 def system_from_report(report: Mapping[str, Any]) -> System:
@@ -281,7 +287,8 @@ def system_from_summary(summary: Mapping[str, Any]) -> System:
         if times.get("compile_sec") else None,
         chips_per_node=(chips // max(processes, 1)) if gpu else 0,
         why_not="the summary has no steady-state images/sec" if not rate else "",
-        num_train_examples=int(config.get("data", {}).get("num_train_examples") or IMAGENET_TRAIN_EXAMPLES))
+        num_train_examples=int(config.get("data", {}).get("num_train_examples")
+                               or IMAGENET_NUM_TRAIN_EXAMPLES))
 
 
 def system_from_config(config: Any, reference_report: Mapping[str, Any] | None = None) -> System:
@@ -373,9 +380,9 @@ def epochs_for(system: System) -> tuple[Figure, float, float]:
 
 
 def _clock_sec(system: System, epochs: float, step: float, eval_pass: float | None) -> tuple[float, float]:
-    """(training, evaluation) seconds for `epochs`: whole steps, and a pass every `eval_every_epochs` (or
-    one at the end). The tolerance keeps a length that is a whole number of steps from rounding up."""
-    steps = math.ceil(epochs * system.num_train_examples / system.global_batch - 1e-6)
+    """(training, evaluation) seconds for `epochs`: whole steps, rounded up as a run's length is
+    (`plan.whole_steps`), and a pass every `eval_every_epochs` (or one at the end)."""
+    steps = plan_lib.whole_steps(system.epoch_length.steps(epochs), TRAINING_LENGTH.rounding)
     every = system.recipe.eval_every_epochs
     passes = math.ceil(epochs / every - 1e-6) if every else 1
     return steps * step, passes * (eval_pass or 0.0)
@@ -438,7 +445,7 @@ def predict(system: System, fits: Mapping[tuple[str, str], step_model.Calibratio
         high_total = sum(_clock_sec(system, high_epochs, high, eval_pass and eval_pass * high / step.value))
         clock = Clock(epochs, train, evaluation, total, low_total, high_total, cost(total), cost(low_total),
                       cost(high_total))
-        case_study = _clock_sec(system, CASE_STUDY_EPOCHS, step.value, None)[0]
+        case_study = _clock_sec(system, recipes.CASE_STUDY_TIMED_EPOCHS, step.value, None)[0]
     else:
         clock, case_study = Clock(epochs, None, None, None), None
     raw_total = None

@@ -51,8 +51,12 @@ MIN_INTERVAL = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
-class Collective:
-    """Collective operations of one kind, group and network in a step, per chip."""
+class CollectiveTraffic:
+    """Collective operations of one kind, group and network in a step, per chip: what the model costs.
+
+    Not `hlo.Collective` (one instruction of a compiled program, in devices): a compile report's rows of
+    those by group (`collectives_by_group`) in chips, or the gradients' all-reduce a scaled program assumes.
+    """
 
     kind: str  # "all-reduce", "reduce-scatter", "all-gather", ...
     group_chips: int
@@ -71,7 +75,7 @@ class StepProgram:
     compiled_sec: float | None  # libtpu's estimate, where it gives one.
     torus: tuple[int, ...] = ()  # A TPU slice's chips per dimension; () for GPUs.
     chips_per_node: int = 0  # GPUs per node (their NVLink domain); 0 for TPUs.
-    collectives: tuple[Collective, ...] = ()
+    collectives: tuple[CollectiveTraffic, ...] = ()
     source: str = ""
 
     @property
@@ -169,13 +173,14 @@ class Observation:
 
     MLPerf's clock per epoch = train steps x (a base + b + collectives) + evaluation steps x (the same for
     the evaluation program), evaluation steps being a pass's steps over the epochs between evaluations.
+    Both are unrounded averages per training epoch (`plan.EpochLength.exact_steps_per_epoch`).
     """
 
     name: str
     train: StepProgram
     eval: StepProgram | None
-    train_steps_per_epoch: float
-    eval_steps_per_epoch: float
+    exact_train_steps_per_epoch: float
+    exact_eval_steps_per_epoch: float
     published_sec_per_epoch: float
     num_chips: int = 0
 
@@ -185,7 +190,7 @@ class Observation:
 
     def terms(self) -> tuple[float, float, float]:
         """(x_a, x_b, fixed): seconds per epoch = a x_a + b x_b + fixed."""
-        s, e = self.train_steps_per_epoch, self.eval_steps_per_epoch if self.eval else 0.0
+        s, e = self.exact_train_steps_per_epoch, self.exact_eval_steps_per_epoch if self.eval else 0.0
         x_a = s * base_sec(self.train) + (e * base_sec(self.eval) if self.eval else 0.0)
         fixed = s * collective_sec(self.train) + (e * collective_sec(self.eval) if self.eval else 0.0)
         return x_a, s + e, fixed
@@ -328,7 +333,7 @@ def programs_from_report(report: Mapping[str, Any]) -> tuple[StepProgram, StepPr
     kind, topology = report["device_kind"], report.get("topology", "")
     collectives = []
     for row in report.get("collectives_by_group", []):
-        collectives.append(Collective(
+        collectives.append(CollectiveTraffic(
             kind=row["kind"], group_chips=max(1, round(row["group_size"] / per_chip)),
             count=int(row["count"]), bytes_per_chip=row["num_bytes"] * per_chip,
             across=row.get("slices") == "cross-slice"))
@@ -369,9 +374,9 @@ def scaled_programs(device_kind: str, num_chips: int, chips_per_node: int, per_c
     nodes = math.ceil(num_chips / chips_per_node) if chips_per_node else 1
     collectives = []
     if in_node > 1:
-        collectives.append(Collective("all-reduce", in_node, 1, gradients))
+        collectives.append(CollectiveTraffic("all-reduce", in_node, 1, gradients))
     if nodes > 1:
-        collectives.append(Collective("all-reduce", nodes, 1, gradients, across=True))
+        collectives.append(CollectiveTraffic("all-reduce", nodes, 1, gradients, across=True))
     source = (f"{reference.get('system') or 'a'} TPU program's FLOPs and HBM bytes per image x "
               f"{per_chip_batch:g} images")
     train = StepProgram(device_kind, ref_train.flops_per_chip * scale,

@@ -17,8 +17,7 @@ What a workdir holds:
                        `class_names.json` where the data names its classes.
   class_names.json     the same names beside the checkpoints (a copied export/ keeps its own).
 
-A save is renamed into place (or committed, on gs://) only when complete. Earlier versions kept the best
-parameters in best/<step>/; `load_exported` still reads it.
+A save is renamed into place (or committed, on gs://) only when complete.
 """
 
 from __future__ import annotations
@@ -286,13 +285,12 @@ class Checkpointer:
             except Exception as e:  # noqa: BLE001
                 self._quarantine(step, e)
                 continue
-            if "fingerprints" in meta:  # Checkpoints of earlier versions have none.
-                changed = state_checks.mismatched(meta["fingerprints"], state_checks.fingerprint(restored))
-                if changed:
-                    self._quarantine(step, CorruptCheckpointError(
-                        f"{len(changed)} array(s) differ from what was saved ({', '.join(changed[:3])}"
-                        f"{', ...' if len(changed) > 3 else ''}): the files were corrupted after the save"))
-                    continue
+            changed = state_checks.mismatched(meta["fingerprints"], state_checks.fingerprint(restored))
+            if changed:
+                self._quarantine(step, CorruptCheckpointError(
+                    f"{len(changed)} array(s) differ from what was saved ({', '.join(changed[:3])}"
+                    f"{', ...' if len(changed) > 3 else ''}): the files were corrupted after the save"))
+                continue
             return restored, meta
         quarantined = self.quarantined()
         if quarantined and not self._config.checkpoint.restart_from_scratch:
@@ -438,12 +436,6 @@ def _restore_to_host(path: epath.Path) -> dict[str, Any]:
         handler.close()
 
 
-def _legacy_best_steps(directory: epath.Path) -> list[int]:
-    """The steps of an earlier version's best/ directory (`<step>/variables`), oldest first."""
-    names = [p.name for p in directory.iterdir()] if directory.is_dir() else []
-    return sorted(int(n) for n in names if n.isdigit() and (directory / n / "variables").is_dir())
-
-
 def is_export_directory(path: str) -> bool:
     """An export/ directory: `variables/` and the run's `config.json` (a workdir has a config.json too)."""
     path = epath.Path(path)
@@ -455,12 +447,9 @@ def _is_checkpoint(path: epath.Path) -> bool:
 
 
 def best_weights(workdir: str) -> epath.Path | None:
-    """A workdir's best evaluation's checkpoint (`best_step`), or an earlier version's best/; else None."""
+    """A workdir's best evaluation's checkpoint (`best_step`), or None."""
     step = best_step(workdir)
-    if step is not None:
-        return workdir_lib.as_path(workdir) / "checkpoints" / str(step)
-    legacy = workdir_lib.as_path(workdir) / "best"
-    return legacy if _legacy_best_steps(legacy) else None
+    return None if step is None else workdir_lib.as_path(workdir) / "checkpoints" / str(step)
 
 
 # What a workdir holds: the final parameters, the best evaluation's.
@@ -494,28 +483,20 @@ def read_class_names(directory: str | os.PathLike[str]) -> list[str] | None:
     return names
 
 
-def find_weights(path: str, weights: str = "export") -> tuple[epath.Path, dict[str, Any], int | None]:
-    """Where saved parameters are: `(variables directory, the run's saved config, step)`.
+def _find_weights(path: str, weights: str
+                  ) -> tuple[epath.Path, dict[str, Any], int | None, epath.Path | None]:
+    """Where saved parameters are: `(variables directory, the run's saved config, step, the directory
+    holding the weights' class names)` (step None for an export; the directory None: nowhere to look).
 
-    Args:
-      path: a workdir, or its `export/`, one of its checkpoints or an earlier version's `best/` (then
-        `weights` chooses nothing).
-      weights: a workdir's "export" (the final parameters) or "best" (the best evaluation's checkpoint).
+    An export holds its own class names; a checkpoint's are its workdir's (checkpoints need no copy each),
+    looked for only where the checkpoint still sits in a workdir's checkpoints/.
+
+    `path` and `weights` as `load_exported` takes them.
 
     Raises:
       FileNotFoundError: no such parameters, saying what writes them.
       ValueError: `weights` is not one of `WEIGHTS`.
     """
-    variables, config, step, _ = _find_weights(path, weights)
-    return variables, config, step
-
-
-def _find_weights(path: str, weights: str
-                  ) -> tuple[epath.Path, dict[str, Any], int | None, epath.Path | None]:
-    """`find_weights`' answer and the directory holding the weights' class names (None: nowhere to look).
-
-    An export holds its own; a checkpoint's are its workdir's (checkpoints need no copy each), looked for
-    only where the checkpoint still sits in a workdir's checkpoints/."""
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}.")
     path = workdir_lib.as_path(path)
@@ -524,9 +505,6 @@ def _find_weights(path: str, weights: str
     if _is_checkpoint(path):
         workdir = path.parent.parent if path.parent.name == "checkpoints" else None
         return path / "state", _read_meta(path)["run_config"], int(path.name), workdir
-    if steps := _legacy_best_steps(path):
-        return (path / str(steps[-1]) / "variables", _read_meta(path / str(steps[-1]))["config"], steps[-1],
-                path.parent)
     if not path.is_dir():
         raise FileNotFoundError(f"No workdir, export/ or checkpoint at {path}.")
     if path.name == "checkpoints" and any(_is_checkpoint(p) for p in path.iterdir()):
@@ -551,7 +529,8 @@ def load_exported(path: str, weights: str = "export"
     """Loads parameters and BN statistics with the run's config.
 
     Args:
-      path, weights: as `find_weights` takes them.
+      path: a workdir, or its `export/` or one of its checkpoints (then `weights` chooses nothing).
+      weights: a workdir's "export" (the final parameters) or "best" (the best evaluation's checkpoint).
 
     Returns:
       `(variables, config)`: NumPy `{'params': ..., 'batch_stats': ...}` for `model.apply`, and the run's
@@ -579,7 +558,7 @@ class SavedWeights:
 
 
 def load_saved_weights(path: str, weights: str = "export") -> SavedWeights:
-    """Loads parameters, config, step and class names at once; `path`, `weights` as `find_weights` takes."""
+    """Loads parameters, config, step and class names at once; `path`, `weights` as `load_exported` takes."""
     variables_path, config_dict, step, names_directory = _find_weights(path, weights)
     class_names = read_class_names(names_directory) if names_directory is not None else None
     return SavedWeights(_restore_to_host(variables_path), config_lib.config_from_saved(config_dict), step,

@@ -21,6 +21,7 @@ times a run without restarts).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import pathlib
 import time
@@ -67,7 +68,7 @@ def _warmup_epochs(config: ml_collections.ConfigDict, plan: plan_lib.TrainingPla
     """The warm-up as the config gives it, in epochs (a warm-up given in steps or images is converted)."""
     if config_fields.set_duration_field(config, config_fields.WARMUP) == "schedule.warmup_epochs":
         return float(config.schedule.warmup_epochs)
-    return plan.warmup_exact_steps * plan.global_batch_size / plan.num_train_examples
+    return plan.epoch_length.epochs(plan.warmup_exact_steps)
 
 
 def hyperparameters(config: ml_collections.ConfigDict, plan: plan_lib.TrainingPlan) -> dict[str, Any]:
@@ -183,7 +184,8 @@ class MLPerfLog:
         self._ms["run_start"] = self._emit("start", mlc.RUN_START)
 
     def _epoch_of(self, step: int) -> int:
-        return (step - 1) * self._plan.global_batch_size // self._plan.num_train_examples + 1
+        """The 1-based epoch that `step`'s first image is in."""
+        return math.floor(self._plan.epoch_length.epochs(step - 1)) + 1
 
     def before_step(self, step: int) -> None:
         """Opens a block after run_start or an evaluation, and the epoch of `step` if none is open."""
@@ -211,7 +213,7 @@ class MLPerfLog:
 
     def epoch_num(self, step: int) -> float:
         """Epochs done after `step`, by images seen: what MLPerf's `epoch_num` of an evaluation is."""
-        return step * self._plan.global_batch_size / self._plan.num_train_examples
+        return self._plan.epoch_length.epochs(step)
 
     def eval_start(self, step: int) -> None:
         """block_stop (the last step's epoch, partial or not, closes first) and eval_start."""

@@ -126,7 +126,7 @@ class RunReport:
         window of a resumed launch that is shorter than the uninterrupted run's (its means are over the
         steps since the resume only, and differ from that run's line at the same step)."""
         plan, first = self._plan, self._interval_first_step
-        record = {"step": step, "epoch": plan.epochs_at(step), **self._buffer.mean(),
+        record = {"step": step, "epoch": plan.epoch_length.epochs(step), **self._buffer.mean(),
                   **self._clock.end_interval(first, step), "window_steps": step - first + 1}
         since_resume = self._cut_by_resume(first)
         if since_resume:
@@ -168,7 +168,7 @@ class RunReport:
                 self._log("Evaluation after step %d abandoned: a stop came in.", step)
                 return None, False
             record = {"step": step, **metrics}
-            epoch, top1 = self._plan.epochs_at(step), record["eval_top1"]
+            epoch, top1 = self._plan.epoch_length.epochs(step), record["eval_top1"]
             reached = self._clock.evaluated(step, epoch, top1)
             stops = bool(self._mlperf.eval_stop(step, top1) and self._schedule.stop_at_target)
             mlperf_stop = (f"MLPerf's target top-1 {self._config.mlperf.target_top1:.4f} at epoch "
