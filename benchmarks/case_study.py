@@ -21,7 +21,7 @@ as on ImageNet, so it measures the model's throughput on that hardware without t
 is what the case study's steady-state clock measures when input keeps up. It says nothing of accuracy,
 and its scaling efficiency is taken only against other synthetic rows.
 
-The predictions are the planner's (`resnet_scaling.analysis.planning`, `python -m resnet_scaling.planner`):
+The predictions are the planner's (`resnet_scaling.planning.estimates`, `python -m resnet_scaling.planner`):
 the calibrated step of each shipped V100 and TPU v2 config (the V100s from the step model's roofline of the
 same ResNet-50 program, calibrated on NVIDIA's published V100 results; the v2 slices from libtpu's estimate
 of their compiled steps, with TPU v3's calibration: no published TPU v2 MLPerf result exists), on the case
@@ -42,9 +42,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from resnet_scaling.analysis import hardware, planning, step_model
 from resnet_scaling.config import IMAGENET_NUM_TRAIN_EXAMPLES
-from resnet_scaling.recipes import CASE_STUDY_TIMED_EPOCHS  # The clock's 90 epochs, after a warm-up one.
+from resnet_scaling.config.recipes import CASE_STUDY_TIMED_EPOCHS
+from resnet_scaling.metrics import hardware
+from resnet_scaling.planning import estimates as planning
+from resnet_scaling.planning import step_model
 
 RESNET50_PARAMS = 25_557_032
 RESULTS = Path(__file__).resolve().parent / "results"

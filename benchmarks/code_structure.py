@@ -108,7 +108,7 @@ def figures(root: Path) -> dict[str, Any]:
         longest += [(_lines(f), f"{name}:{f.name}") for f in _functions(tree)]
     folders = {u: n for u, n in sorted(lines_per_unit.items()) if u.endswith("/")}
     top_level = sum(n for u, n in lines_per_unit.items() if not u.endswith("/"))
-    trainer_functions = sorted(((n, f) for n, f in longest if f.startswith("resnet_scaling/trainer.py:")),
+    trainer_functions = sorted(((n, f) for n, f in longest if f.split(":")[0].endswith("/trainer.py")),
                                reverse=True)
     return {
         "root": str(root),
@@ -136,7 +136,7 @@ def main() -> None:
             ("the loop's function (lines)", lambda r: f"{r['loop_function']} ({r['loop_lines']})"),
             ("the loop's collaborators", lambda r: str(len(r["collaborators"]))),
             ("longest function in trainer.py", lambda r: "{1} ({0})".format(*r["longest_trainer_function"])
-             .replace("resnet_scaling/trainer.py:", "")),
+             .replace("resnet_scaling/training/trainer.py:", "")),
             ("functions taking the whole config", lambda r: str(len(r["whole_config_functions"]))),
             ("lines in resnet_scaling/", lambda r: f"{r['lines_total']:,}")]
     folders = sorted({f for r in results for f in r["lines_per_folder"]})

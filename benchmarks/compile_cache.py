@@ -37,7 +37,8 @@ jax.config.update("jax_platforms", "cpu")
 jax.config.update("jax_compilation_cache_dir", sys.argv[1])
 from absl import flags
 from ml_collections import config_flags
-from resnet_scaling import config as config_lib, training_setup
+from resnet_scaling import config as config_lib
+from resnet_scaling.training import training_setup
 config_flags.DEFINE_config_file("config")
 flags.FLAGS(["child", *config_lib.resolve_config_flag(sys.argv[2:])])
 run = training_setup.setup(flags.FLAGS.config, abstract=False)

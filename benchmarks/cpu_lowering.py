@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from resnet_scaling import cpu_lowering
-from resnet_scaling.host import memory as host_memory
+from resnet_scaling.job import memory as host_memory
+from resnet_scaling.models import cpu_lowering
 
 # name, input size, input channels, output channels, kernel, stride, padding, weights only
 LAYERS = (

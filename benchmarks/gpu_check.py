@@ -178,7 +178,7 @@ def measure(args: argparse.Namespace, events: Any, batch_size: int, config: Any 
 def stage_environment(args: argparse.Namespace, stage: StageFile) -> None:
     """Versions, devices, the peak of hardware.py's table, TensorFlow's absence, a matmul's TFLOP/s."""
     start = time.perf_counter()
-    import resnet_scaling.training_setup  # noqa: F401 - what every step stage imports.
+    import resnet_scaling.training.training_setup  # noqa: F401 - what every step stage imports.
 
     stage.update(import_sec=time.perf_counter() - start,
                  tensorflow_imported_by_training_setup="tensorflow" in sys.modules,
@@ -187,7 +187,7 @@ def stage_environment(args: argparse.Namespace, stage: StageFile) -> None:
     import jax.numpy as jnp
     import jaxlib
 
-    from resnet_scaling.analysis import hardware
+    from resnet_scaling.metrics import hardware
 
     device = jax.devices()[0]
     try:
@@ -269,7 +269,7 @@ def stage_train_step_fp16_v100(args: argparse.Namespace, stage: StageFile) -> No
     import train_step
 
     from resnet_scaling import config as config_lib
-    from resnet_scaling import optim
+    from resnet_scaling.training import optim
 
     path = config_lib.find_config_file("gpu_v100")
     spec = importlib.util.spec_from_file_location("gpu_v100_config", path)
@@ -430,7 +430,7 @@ class Check:
         """
         record: dict[str, Any] = {"xla_flags_before": self.env.get("XLA_FLAGS")}
         try:
-            from resnet_scaling.host import xla_flags
+            from resnet_scaling.job import xla_flags
 
             backend = xla_flags.detect_backend(self.env)
             if backend == "cpu" and gpu_listed and not self.env.get("JAX_PLATFORMS"):

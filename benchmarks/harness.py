@@ -20,8 +20,8 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from resnet_scaling import workdir
-from resnet_scaling.analysis import hardware
+from resnet_scaling.job import workdir
+from resnet_scaling.metrics import hardware
 
 T = TypeVar("T")
 

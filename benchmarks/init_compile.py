@@ -22,8 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from resnet_scaling import mesh as mesh_lib
-from resnet_scaling import models, optim, steps
+from resnet_scaling import models
+from resnet_scaling.training import mesh as mesh_lib
+from resnet_scaling.training import optim, steps
 
 # name: (model, classes, width, image size)
 MODELS = {

@@ -10,7 +10,7 @@ The published results (`published_results.json`, beside this file) are MLPerf su
 by `parse_mlperf_result`: run_start to run_stop (MLPerf's clock: training and evaluation, no
 initialisation), the epoch of the evaluation that reached the target, the global batch and BN span; Google's
 TPU v3 and v4 and NVIDIA's V100, A100, H100 and H200 submissions. Each becomes an observation of the step
-model (`resnet_scaling.analysis.step_model`): a TPU system from this library's ResNet-50 step compiled with
+model (`resnet_scaling.planning.step_model`): a TPU system from this library's ResNet-50 step compiled with
 the submission's topology, batch and BN span (`compile_args`: the pod config with those fields overridden;
 reports in results/compile/, compiled when missing), a GPU system from the shipped reference program
 scaled to its batch, as the planner plans GPU configs. Its seconds per epoch on MLPerf's clock (training
@@ -37,9 +37,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from resnet_scaling import plan
-from resnet_scaling.analysis import hardware, planning, shipped_reports, step_model
 from resnet_scaling.config import IMAGENET_NUM_EVAL_EXAMPLES, IMAGENET_NUM_TRAIN_EXAMPLES
+from resnet_scaling.metrics import hardware
+from resnet_scaling.planning import estimates as planning
+from resnet_scaling.planning import shipped_reports, step_model
+from resnet_scaling.training import plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402

@@ -10,7 +10,7 @@ over the repeats, and a ratio to ours the median over the repeats of the ratio w
 - `ours`: the library's step (`training_setup.setup` -> `steps.jit_train_step`, compiled ahead of time,
   state donated, batches already on the device), as `train_step.py` times it; SGD momentum 0.9, L2 1e-4
   on kernels; the step on the main thread and glibc keeping what it frees, as `python -m
-  resnet_scaling.train` runs CPU steps (`resnet_scaling/host/memory.py`). Memory also from XLA's memory
+  resnet_scaling.train` runs CPU steps (`resnet_scaling/job/memory.py`). Memory also from XLA's memory
   analysis of the compiled step.
 - `ours_nokeep`: the same without that (`--nokeep_freed_memory`): asynchronous dispatch, glibc's defaults.
 - `flax_example`: the flax ImageNet example's step (`flax_example_baseline.make_step`: `pmap`, `nn.Conv`,
@@ -159,14 +159,14 @@ def _jax_worker(args: argparse.Namespace, name: str) -> tuple[Callable[[int], fl
     import jax
 
     if name == "ours":  # As `python -m resnet_scaling.train` runs CPU steps; before the backend starts.
-        from resnet_scaling.host import memory as host_memory
+        from resnet_scaling.job import memory as host_memory
 
         jax.config.update("jax_cpu_enable_async_dispatch", False)
         host_memory.keep_freed_memory()
     import train_step
 
-    from resnet_scaling.analysis.compiled import memory_per_device
-    from resnet_scaling.training_setup import setup
+    from resnet_scaling.metrics.compiled import memory_per_device
+    from resnet_scaling.training.training_setup import setup
 
     info: dict[str, Any] = {"jax": jax.__version__, "device_kind": jax.devices()[0].device_kind}
     start = time.perf_counter()

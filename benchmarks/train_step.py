@@ -27,13 +27,13 @@ import jax
 import jaxlib
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import config_fields
-from resnet_scaling.analysis.compiled import flops_per_device, memory_per_device
+from resnet_scaling.config import fields as config_fields
 from resnet_scaling.data import SyntheticSource
-from resnet_scaling.host import memory as host_memory
-from resnet_scaling.host import xla_flags
+from resnet_scaling.job import memory as host_memory
+from resnet_scaling.job import xla_flags
 from resnet_scaling.metrics import utilisation
-from resnet_scaling.training_setup import setup
+from resnet_scaling.metrics.compiled import flops_per_device, memory_per_device
+from resnet_scaling.training.training_setup import setup
 
 WATCHED = {"/jax/core/compile/jaxpr_trace_duration": "traces",
            "/jax/core/compile/backend_compile_duration": "compiles"}
@@ -67,7 +67,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                       json_out_help="Default: benchmarks/results/train_step-....json")
     p.add_argument("--keep_freed_memory", action=argparse.BooleanOptionalAction, default=True,
                    help="CPU: steps on the main thread, glibc keeps what a step frees for the next, as "
-                        "`python -m resnet_scaling.train` does (resnet_scaling/host/memory.py).")
+                        "`python -m resnet_scaling.train` does (resnet_scaling/job/memory.py).")
     p.add_argument("--baseline", action="store_true",
                    help="Also time the flax ImageNet example's step (flax_example_baseline.py), "
                         "interleaved with ours in every repeat (resnet50 only).")

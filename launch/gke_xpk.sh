@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # TPU slices on GKE through xpk (https://github.com/AI-Hypercomputer/xpk): one container per TPU host,
 # each running the same command; GKE sets TPU_WORKER_HOSTNAMES, which
-# resnet_scaling/distributed.py reads.
+# resnet_scaling/job/distributed.py reads.
 #
 #   export PROJECT=my-project ZONE=us-east5-a CLUSTER=my-cluster TPU_TYPE=v5p-128 CAPACITY=on-demand
 #   export WORKLOAD=resnet-v5p CONFIG=configs/tpu_v5p_128.py WORKDIR=gs://my-bucket/runs/v5p

@@ -5,7 +5,7 @@
         python -m resnet_scaling.train --config=configs/demo.py --workdir=/tmp/demo2
 
 Each process gets RESNET_SCALING_COORDINATOR=127.0.0.1:PORT, RESNET_SCALING_NUM_PROCESSES and
-RESNET_SCALING_PROCESS_ID, which `resnet_scaling.distributed.maybe_initialize` reads, and
+RESNET_SCALING_PROCESS_ID, which `resnet_scaling.job.distributed.maybe_initialize` reads, and
 JAX_COORDINATOR_BIND_ADDRESS=127.0.0.1:PORT, so that process 0's coordinator listens on the loopback
 interface only (JAX's default is every interface). Without --port, the launcher binds a free port with
 SO_REUSEPORT (without listening) and holds it until the job ends: no other program, and no outgoing

@@ -94,7 +94,7 @@ case "${1:-}" in
     gcloud_tpu scp "$tarball" "$TPU_NAME":src.tar.gz --worker=all
     on_all_workers "$(setup_script)"
     ;;
-  run)  # one process per worker; they find each other through the TPU runtime (resnet_scaling/distributed.py)
+  run)  # one process per worker; they find each other through the TPU runtime (resnet_scaling/job/distributed.py)
     : "${CONFIG:?set CONFIG (e.g. configs/pod.py)}" "${WORKDIR:?set WORKDIR (gs:// on multi-host slices)}"
     shift
     if [[ "${1:-}" == "--" ]]; then shift; fi

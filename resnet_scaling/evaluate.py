@@ -9,7 +9,7 @@ The package imports `evaluation.py`, never this module: runpy warns if `python -
 
 from __future__ import annotations
 
-from resnet_scaling.host import stopping
+from resnet_scaling.job import stopping
 
 if __name__ == "__main__":  # First: a Ctrl-C or SIGTERM during the imports below (seconds) ends in one line.
     stopping.StopSignals.install(safe="nothing was written; rerun the same command to evaluate")
@@ -18,8 +18,8 @@ import jax
 
 from resnet_scaling import config as config_lib
 from resnet_scaling import data as data_lib
-from resnet_scaling import predict
-from resnet_scaling.evaluation import evaluate_workdir, format_result
+from resnet_scaling.inference import predict
+from resnet_scaling.inference.evaluation import evaluate_workdir, format_result
 
 # Flags only when run as the command: importing must not add ones that clash (train.py has `--workdir`).
 
@@ -43,8 +43,7 @@ def main(argv: list[str]) -> None:
     """The command: evaluates, prints the figures and writes the JSON; errors end as one `error:` line."""
     from absl import flags
 
-    from resnet_scaling import console
-    from resnet_scaling.host import process_setup
+    from resnet_scaling.job import console, process_setup
 
     console.refuse_arguments(argv)
     console.configure_command_line_logging()  # Our lines; other libraries' (orbax's) only as warnings.
@@ -71,7 +70,7 @@ def main(argv: list[str]) -> None:
 if __name__ == "__main__":
     from absl import app
 
-    from resnet_scaling import console
+    from resnet_scaling.job import console
 
     _define_flags()
     app.run(main, flags_parser=console.parse_flags)

@@ -27,10 +27,10 @@ from typing import Any
 from absl import app, flags
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import console, errors, workdir
-from resnet_scaling.analysis import planning, shipped_reports, step_model
-from resnet_scaling.host import process_setup
+from resnet_scaling.job import console, errors, process_setup, workdir
 from resnet_scaling.metrics import format_duration
+from resnet_scaling.planning import estimates as planning
+from resnet_scaling.planning import shipped_reports, step_model
 
 logger = logging.getLogger("resnet_scaling.planner")  # Not __name__: "__main__" under `python -m`.
 
@@ -79,7 +79,7 @@ def parse_input_rate(text: str) -> planning.Figure:
 
 
 def _compile_report(config: Any) -> dict[str, Any]:
-    from resnet_scaling.analysis import aot  # jax and libtpu: only when a TPU config is compiled here.
+    from resnet_scaling.planning import aot
 
     topology = config.system.topology
     logger.info("Compiling %s for %s (about a minute on 2 cores; `python -m resnet_scaling.compile "

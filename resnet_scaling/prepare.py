@@ -26,8 +26,8 @@ import time
 from absl import app, flags
 from etils import epath
 
-from resnet_scaling import console
-from resnet_scaling.errors import RunError
+from resnet_scaling.job import console
+from resnet_scaling.job.errors import RunError
 
 # Named, not __name__: run with -m this module is "__main__", outside the logger console.py shows at INFO.
 logger = logging.getLogger("resnet_scaling.prepare")
@@ -149,7 +149,7 @@ def prepare(dataset: str, data_dir: str, manual_dir: str | None = None) -> dict[
         logger.info("No ILSVRC2012_img_test.tar: no test split (its labels were never released; training "
                     "and evaluation use train and validation), so TFDS's warning about it is expected.")
     # Hide GPUs from TensorFlow: preparing needs none, and a training job may be using them.
-    from resnet_scaling import tf_import
+    from resnet_scaling.job import tf_import
 
     tf_import.import_tensorflow_for_host()
     logger.info("Preparing %s in %s from %s. TFDS shows a progress bar per split; the full ImageNet takes "
@@ -163,7 +163,7 @@ def prepare(dataset: str, data_dir: str, manual_dir: str | None = None) -> dict[
 
 def verify(dataset: str, data_dir: str) -> dict[str, int]:
     """Opens the prepared dataset as training does and checks its shard files; returns {split: examples}."""
-    from resnet_scaling import tf_import
+    from resnet_scaling.job import tf_import
 
     tf = tf_import.import_tensorflow_for_host()  # Before tfds_data imports it: GPUs hidden, quieter.
     from resnet_scaling.data import DataError, tfds_data

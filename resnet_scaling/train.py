@@ -8,7 +8,7 @@ prints it and exits). Multi-process jobs (TPU pod slices, SLURM, launch/local.py
 
 from __future__ import annotations
 
-from resnet_scaling.host import stopping
+from resnet_scaling.job import stopping
 
 if __name__ == "__main__":  # First: a Ctrl-C or SIGTERM during the imports below (seconds) ends in one line.
     stopping.StopSignals.install(doing="starting")
@@ -22,10 +22,12 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-from resnet_scaling import checkpointing, config_text, console, distributed, errors, trainer
+from resnet_scaling import checkpointing
 from resnet_scaling import config as config_lib
-from resnet_scaling import workdir as workdir_lib
-from resnet_scaling.host import process_setup, xla_flags
+from resnet_scaling.config import text as config_text
+from resnet_scaling.job import console, distributed, errors, process_setup, xla_flags
+from resnet_scaling.job import workdir as workdir_lib
+from resnet_scaling.training import trainer
 
 logger = logging.getLogger("resnet_scaling.train")  # Not __name__: "__main__" under `python -m`.
 

@@ -4,7 +4,7 @@
         python tests/multihost_worker.py --out=DIR
     python tests/multihost_worker.py --out=DIR --num_cpu_devices=4 --same_batches_as_processes=2
 
-Joins a multi-process job through `resnet_scaling.distributed.maybe_initialize` (the launcher's
+Joins a multi-process job through `resnet_scaling.job.distributed.maybe_initialize` (the launcher's
 environment), trains with the arrays source unshuffled, and writes DIR/variables_<process>.npz.
 
 Why `--same_batches_as_processes`: `ArraySource` gives each of P processes a contiguous share of the
@@ -25,7 +25,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from resnet_scaling import distributed, trainer  # noqa: E402
+from resnet_scaling.job import distributed
+from resnet_scaling.training import trainer
 from tests.helpers import random_arrays, tiny_config, xla_default_optimizations  # noqa: E402
 
 NUM_TRAIN, GLOBAL_BATCH = 64, 16

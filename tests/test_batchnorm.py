@@ -1,4 +1,5 @@
-"""Batch norm over groups of images (`resnet_scaling.batchnorm`, `model.bn_group_size`), on 8 fake devices.
+"""Batch norm over groups of images (`resnet_scaling.models.batchnorm`, `model.bn_group_size`), on 8 fake
+devices.
 
 The batch is 16 images sharded over 8 devices (2 per device): device d holds rows 2d and 2d+1.
 """
@@ -12,12 +13,12 @@ import numpy as np
 import pytest
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import mesh as mesh_lib
 from resnet_scaling import models
-from resnet_scaling import plan as plan_lib
-from resnet_scaling.analysis import hlo
-from resnet_scaling.batchnorm import GroupedBatchNorm
-from resnet_scaling.trainer import train_and_evaluate
+from resnet_scaling.models.batchnorm import GroupedBatchNorm
+from resnet_scaling.planning import hlo
+from resnet_scaling.training import mesh as mesh_lib
+from resnet_scaling.training import plan as plan_lib
+from resnet_scaling.training.trainer import train_and_evaluate
 from tests.helpers import model_of, random_arrays, tiny_config
 
 BATCH, CHANNELS = 16, 3

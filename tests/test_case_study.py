@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from resnet_scaling import metrics
-from resnet_scaling.analysis import planning
+from resnet_scaling.planning import estimates as planning
 from tests.helpers import load_benchmark
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

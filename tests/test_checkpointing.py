@@ -15,8 +15,9 @@ import jax
 import numpy as np
 import pytest
 
-from resnet_scaling import checkpointing, mesh, trainer
+from resnet_scaling import checkpointing
 from resnet_scaling.checkpointing import divergence
+from resnet_scaling.training import mesh, trainer
 from tests.helpers import launch_xla_flags, model_of, random_arrays, tiny_config, users_compile
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -380,7 +381,7 @@ def test_sigterm_and_sigkill_at_random_steps_then_resume_give_the_uninterrupted_
 
 
 def test_the_best_evaluation_outlives_relaunches_and_a_non_finite_one_is_never_best(tmp_path):
-    from resnet_scaling import training_setup
+    from resnet_scaling.training import training_setup
 
     config = tiny_config(checkpoint__enabled=True, checkpoint__async_save=False, checkpoint__keep=2)
     state = training_setup.setup(config, arrays=random_arrays()).state
@@ -404,7 +405,7 @@ def test_the_best_evaluation_outlives_relaunches_and_a_non_finite_one_is_never_b
 
 
 def test_a_non_finite_state_is_never_exported(tmp_path):
-    from resnet_scaling import training_setup
+    from resnet_scaling.training import training_setup
 
     config = tiny_config(checkpoint__enabled=True, checkpoint__async_save=False)
     state = training_setup.setup(config, arrays=random_arrays()).state

@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from resnet_scaling import checkpointing, data, mesh, trainer
+from resnet_scaling import checkpointing, data
 from resnet_scaling import config as config_lib
-from resnet_scaling import plan as plan_lib
-from resnet_scaling.evaluation import evaluate_workdir
-from resnet_scaling.predict import Predictor
+from resnet_scaling.inference.evaluation import evaluate_workdir
+from resnet_scaling.inference.predict import Predictor
+from resnet_scaling.training import mesh, trainer
+from resnet_scaling.training import plan as plan_lib
 from tests.helpers import data_source, random_arrays, tiny_config
 from tests.image_files import encode
 

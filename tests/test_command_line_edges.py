@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import workdir as workdir_lib
+from resnet_scaling.job import workdir as workdir_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

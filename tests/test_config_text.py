@@ -8,7 +8,7 @@ import re
 import pytest
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import config_text
+from resnet_scaling.config import text as config_text
 
 FIELD_LINE = re.compile(r"^ *config\.[\w.]+ = ")
 

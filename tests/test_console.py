@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from resnet_scaling import trainer
+from resnet_scaling.training import trainer
 from tests.helpers import random_arrays, tiny_config, users_compile, without_suite_cache
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -180,7 +180,8 @@ def test_tensorboard_groups_train_and_eval_tags_and_holds_the_config(tmp_path):
 def test_library_users_see_progress_without_configuring_logging(tmp_path):
     """A plain script that calls train_and_evaluate, as research code does: no logging set up. Every line
     starts with the time of day (absl's implicit `logging.basicConfig()` used to print them as
-    "INFO:resnet_scaling.trainer:step 4/4 ..."), once; `print(result)` is the few lines of the headline."""
+    "INFO:resnet_scaling.training.trainer:step 4/4 ..."), once; `print(result)` is the few lines of the
+    headline."""
     script = (
         "from resnet_scaling import trainer\n"
         "from tests.helpers import random_arrays, tiny_config\n"
@@ -212,7 +213,7 @@ def test_show_progress_prints_the_time_past_a_bare_basic_config_and_gives_way_to
     import io
     import logging
 
-    from resnet_scaling import console
+    from resnet_scaling.job import console
 
     root, ours = logging.root, logging.getLogger("resnet_scaling")
     root_handlers, our_handlers, our_level, our_propagate = (
@@ -222,14 +223,14 @@ def test_show_progress_prints_the_time_past_a_bare_basic_config_and_gives_way_to
         ours.setLevel(logging.NOTSET)
         logging.basicConfig()  # What absl.logging.log calls when the root has no handler.
         console.show_progress()
-        logging.getLogger("resnet_scaling.trainer").info("step 1/2")
+        logging.getLogger("resnet_scaling.training.trainer").info("step 1/2")
         assert re.fullmatch(r"\d\d:\d\d:\d\d step 1/2\n", capsys.readouterr().err)
         stream = io.StringIO()
         users = logging.StreamHandler(stream)
         users.setFormatter(logging.Formatter("user: %(message)s"))
         root.addHandler(users)
         console.show_progress()  # The next run.
-        logging.getLogger("resnet_scaling.trainer").info("step 2/2")
+        logging.getLogger("resnet_scaling.training.trainer").info("step 2/2")
         assert stream.getvalue() == "user: step 2/2\n" and ours.handlers == []
     finally:
         root.handlers, ours.handlers, ours.propagate = root_handlers, our_handlers, our_propagate
@@ -242,7 +243,7 @@ def test_the_console_shows_the_time_and_the_message_and_names_other_libraries_wa
     pointer to the log file (ours stays whole: it is the error the user reads)."""
     import logging
 
-    from resnet_scaling.console import ConsoleFormatter
+    from resnet_scaling.job.console import ConsoleFormatter
 
     def record(name, level, message, exc_info=None):
         made = logging.LogRecord(name, level, "trainer.py", 439, message, (), exc_info)
@@ -254,9 +255,9 @@ def test_the_console_shows_the_time_and_the_message_and_names_other_libraries_wa
     except ValueError:
         failure = sys.exc_info()
     formatter = ConsoleFormatter("/w/logs/h-1.log")
-    assert formatter.format(record("resnet_scaling.trainer", logging.INFO, "step 25/563")) == \
+    assert formatter.format(record("resnet_scaling.training.trainer", logging.INFO, "step 25/563")) == \
         "18:31:42 step 25/563"
-    assert formatter.format(record("resnet_scaling.trainer", logging.WARNING, "Resuming")) == \
+    assert formatter.format(record("resnet_scaling.training.trainer", logging.WARNING, "Resuming")) == \
         "18:31:42 warning: Resuming"
     assert formatter.format(record("absl", logging.WARNING, "Variant folder")) == \
         "18:31:42 warning (absl): Variant folder"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from mlperf_logging.rcp_checker import rcp_checker
 
-from resnet_scaling.analysis import convergence
+from resnet_scaling.planning import convergence
 
 
 def _raw_rcps():

@@ -1,6 +1,6 @@
 """A process that dies mid-run: the others stop within a stated time, naming it, and the next launch resumes.
 
-The watchdog's decisions (`resnet_scaling/distributed.py`) run here against a fake key-value store and
+The watchdog's decisions (`resnet_scaling/job/distributed.py`) run here against a fake key-value store and
 clock; the end-to-end runs, which kill process 1 of a 2-process training job with SIGKILL and resume it, are
 tests/test_multiprocess.py's scenario and tests/test_slurm.py's (through the command line).
 """
@@ -9,7 +9,7 @@ import atexit
 
 import pytest
 
-from resnet_scaling import distributed
+from resnet_scaling.job import distributed
 
 
 class _FakeStore:

@@ -1,4 +1,4 @@
-"""Multi-process start-up (`resnet_scaling/distributed.py`) and the local launcher (`launch/local.py`).
+"""Multi-process start-up (`resnet_scaling/job/distributed.py`) and the local launcher (`launch/local.py`).
 
 The end-to-end test runs real processes on 127.0.0.1 (CPU devices, gloo collectives) through
 tests/multihost_worker.py.
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from jax._src.clusters import ClusterEnv
 
-from resnet_scaling import distributed
+from resnet_scaling.job import distributed
 from tests.helpers import held_port, launch_xla_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -164,7 +164,7 @@ def test_train_fails_fast_and_clearly_when_the_coordinator_is_unreachable(tmp_pa
 
 _EXIT_SCRIPT = """
 import os, sys, time
-from resnet_scaling import distributed
+from resnet_scaling.job import distributed
 address, index, leave = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "leave"
 job = distributed.maybe_initialize(address, 2, index, initialization_timeout_sec=60, peer_timeout_sec=30)
 if index == 1:

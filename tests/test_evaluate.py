@@ -17,10 +17,11 @@ import jax
 import numpy as np
 import pytest
 
-from resnet_scaling import checkpointing, trainer
+from resnet_scaling import checkpointing
 from resnet_scaling import config as config_lib
-from resnet_scaling.evaluation import evaluate_workdir
-from resnet_scaling.predict import Predictor
+from resnet_scaling.inference.evaluation import evaluate_workdir
+from resnet_scaling.inference.predict import Predictor
+from resnet_scaling.training import trainer
 from tests.helpers import launch_xla_flags, model_of, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -17,8 +17,10 @@ import jax
 import numpy as np
 import pytest
 
-from resnet_scaling import checkpointing, trainer, training_setup, workdir
+from resnet_scaling import checkpointing
 from resnet_scaling.checkpointing import divergence
+from resnet_scaling.job import workdir
+from resnet_scaling.training import trainer, training_setup
 from tests.helpers import launch_xla_flags, random_arrays, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -6,8 +6,9 @@ import time
 
 import pytest
 
-from resnet_scaling import checkpointing, metrics, trainer
+from resnet_scaling import checkpointing, metrics
 from resnet_scaling.checkpointing import preemption
+from resnet_scaling.training import trainer
 from tests.helpers import random_arrays, tiny_config
 from tests.test_metrics import inject_delays
 

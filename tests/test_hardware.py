@@ -5,7 +5,7 @@ import types
 import pytest
 
 from resnet_scaling import metrics
-from resnet_scaling.analysis import hardware
+from resnet_scaling.metrics import hardware
 
 GIB = 2**30
 

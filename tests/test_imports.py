@@ -19,7 +19,7 @@ def _module_name(path: pathlib.Path) -> str:
 
 
 def _unit(module: str) -> str:
-    """`resnet_scaling.data.pipeline` -> `data/`, `resnet_scaling.trainer` -> `trainer.py`,
+    """`resnet_scaling.data.pipeline` -> `data/`, `resnet_scaling.training.trainer` -> `trainer.py`,
     `resnet_scaling` -> `__init__.py`."""
     parts = module.split(".")
     if len(parts) == 1:

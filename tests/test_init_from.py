@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from flax.traverse_util import flatten_dict
 
-from resnet_scaling import checkpointing, trainer, training_setup
+from resnet_scaling import checkpointing
 from resnet_scaling.config import ConfigError
-from resnet_scaling.weights import from_torchvision
+from resnet_scaling.models.weights import from_torchvision
+from resnet_scaling.training import trainer, training_setup
 from tests.helpers import random_arrays, tiny_config
 from tests.test_weights import torchvision_state_dict
 

@@ -1,4 +1,4 @@
-"""The launch scripts (launch/) and the parts of `resnet_scaling.distributed` they rely on.
+"""The launch scripts (launch/) and the parts of `resnet_scaling.job.distributed` they rely on.
 
 The shell scripts run against fakes of gcloud, xpk and srun placed first on PATH; each fake appends its argv
 as one JSON line to $FAKE_LOG. The commands they would run on a worker or in a container are then run with
@@ -29,7 +29,7 @@ import pytest
 from jax._src.clusters import ClusterEnv
 from jax._src.clusters.slurm_cluster import SlurmCluster
 
-from resnet_scaling import distributed
+from resnet_scaling.job import distributed
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "launch"
@@ -359,7 +359,7 @@ def _slurm_job_id_holding_its_port() -> Iterator[int]:
 
 
 def test_two_processes_join_under_a_simulated_slurm_step(tmp_path):
-    """2 tasks on one node: resnet_scaling.distributed with SLURM's variables only."""
+    """2 tasks on one node: resnet_scaling.job.distributed with SLURM's variables only."""
     script = ("import json, jax\n"
               "from resnet_scaling import distributed\n"
               "from jax._src import distributed as jax_distributed\n"

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from resnet_scaling import steps
+from resnet_scaling.training import steps
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
-from resnet_scaling import mesh, training_setup
 from resnet_scaling.config import ConfigError, validate
+from resnet_scaling.training import mesh, training_setup
 from tests.helpers import random_arrays, tiny_config
 
 

@@ -10,11 +10,12 @@ import time
 import jax
 import pytest
 
-from resnet_scaling import checkpointing, metrics, trainer, training_setup
+from resnet_scaling import checkpointing, metrics
 from resnet_scaling import config as config_lib
-from resnet_scaling import plan as plan_lib
-from resnet_scaling.analysis import compiled as compiled_lib
 from resnet_scaling.checkpointing import preemption
+from resnet_scaling.metrics import compiled as compiled_lib
+from resnet_scaling.training import plan as plan_lib
+from resnet_scaling.training import trainer, training_setup
 from tests.helpers import random_arrays, tiny_config
 
 
@@ -484,7 +485,7 @@ def test_only_process_zero_writes_the_summary_and_metric_files(tmp_path, monkeyp
     def process_index(*args, **kwargs):
         # Process 1 as the trainer sees it (where it decides who writes); the mesh and data still see
         # the one real process, so this single-process run stays valid.
-        if sys._getframe(1).f_globals.get("__name__") == "resnet_scaling.trainer":
+        if sys._getframe(1).f_globals.get("__name__") == "resnet_scaling.training.trainer":
             return 1
         return real_process_index(*args, **kwargs)
 

@@ -21,10 +21,11 @@ import pytest
 from mlperf_logging.compliance_checker import mlp_compliance
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import metrics, trainer, training_setup
-from resnet_scaling import plan as plan_lib
+from resnet_scaling import metrics
 from resnet_scaling.data import ArraySource, shapes
 from resnet_scaling.metrics import mlperf_log
+from resnet_scaling.training import plan as plan_lib
+from resnet_scaling.training import trainer, training_setup
 from tests.helpers import data_source, tiny_config
 
 RULES = "training_4.0.0/common.yaml"
@@ -425,8 +426,8 @@ def test_invalid_mlperf_settings_are_refused_naming_the_field(field, value, says
 
 
 def test_mlperf_mode_trains_on_mlperfs_crop_area(tmp_path):
-    from resnet_scaling import mesh
     from resnet_scaling.data import pipeline
+    from resnet_scaling.training import mesh
 
     config = tiny_config(data__source="shapes", data__cache_dir=str(tmp_path), data__num_train_examples=20,
                          data__num_eval_examples=10)

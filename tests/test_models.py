@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from resnet_scaling import cpu_lowering, models
+from resnet_scaling import models
+from resnet_scaling.models import cpu_lowering
 
 
 def _abstract_variables(model, image_size=224):

@@ -1,4 +1,5 @@
-"""Tests for the loss and metrics helpers (`resnet_scaling.steps`) and `resnet_scaling.optim`.
+"""Tests for the loss and metrics helpers (`resnet_scaling.training.steps`) and
+`resnet_scaling.training.optim`.
 
 References are NumPy hand computations (float64) of the formulas the docstrings state, and NumPy
 transcriptions of the reference code the pod's recipe comes from (each names its file and commit): LARS as
@@ -18,16 +19,16 @@ import optax
 import pytest
 from flax.training import dynamic_scale as dynamic_scale_lib
 
-from resnet_scaling import models, sections
-from resnet_scaling.config import get_base_config
-from resnet_scaling.optim import (
+from resnet_scaling import models
+from resnet_scaling.config import get_base_config, sections
+from resnet_scaling.training.optim import (
     create_dynamic_scale,
     create_learning_rate_schedule,
     create_optimizer,
     kernel_mask,
 )
-from resnet_scaling.plan import derive
-from resnet_scaling.steps import cross_entropy_loss, normalize_images, topk_correct
+from resnet_scaling.training.plan import derive
+from resnet_scaling.training.steps import cross_entropy_loss, normalize_images, topk_correct
 
 CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
@@ -402,7 +403,7 @@ def _lars_params():
 def test_lars_matches_its_reference_per_leaf_through_warmup_and_decay(config_name, variant, oracle):
     from flax import traverse_util
 
-    from resnet_scaling import recipes
+    from resnet_scaling.config import recipes
 
     config = _load_shipped("pod")
     if config_name == "tensorflow_tpu_lars":
@@ -479,7 +480,7 @@ def test_lars_variants_differ_where_the_references_differ():
 
 
 def test_lars_refuses_unknown_variant_and_missing_params():
-    from resnet_scaling.optim import lars
+    from resnet_scaling.training.optim import lars
 
     with pytest.raises(ValueError, match="variant"):
         lars(0.1, variant="tf2")

@@ -145,7 +145,7 @@ def test_the_wheel_with_only_its_declared_dependencies_runs_the_demo_on_a_gs_wor
     assert {f"resnet_scaling/configs/{name}" for name in shipped} <= names
     # The shipped TPU configs' compile reports, which the planner reads instead of compiling.
     reports = {p.name for p in (REPO / "resnet_scaling" / "analysis" / "compiled_reports").glob("*.json")}
-    assert reports and {f"resnet_scaling/analysis/compiled_reports/{name}" for name in reports} <= names
+    assert reports and {f"resnet_scaling/planning/compiled_reports/{name}" for name in reports} <= names
     assert not any(name.startswith(("tests/", "configs/", "benchmarks/")) for name in names)
 
     venv = tmp_path / "venv"
@@ -247,7 +247,8 @@ def test_the_wheel_with_only_its_declared_dependencies_runs_the_demo_on_a_gs_wor
 
 
 def test_a_gs_path_without_the_gcs_extra_names_the_extra_before_any_set_up(monkeypatch):
-    from resnet_scaling import errors, trainer, workdir
+    from resnet_scaling.job import errors, workdir
+    from resnet_scaling.training import trainer
     from tests.helpers import tiny_config
 
     real_find_spec = importlib.util.find_spec

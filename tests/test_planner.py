@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from resnet_scaling import planner
-from resnet_scaling.analysis import planning, step_model
+from resnet_scaling.planning import estimates as planning
+from resnet_scaling.planning import step_model
 
 # The v2 Pod's compile report as `python -m resnet_scaling.compile --config=pod --json_out` writes it (the
 # fields the planner reads), with round evaluation figures to work by hand.

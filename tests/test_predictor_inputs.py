@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from resnet_scaling.predict import Predictor
+from resnet_scaling.inference.predict import Predictor
 from tests.helpers import model_of, tiny_config
 
 
@@ -65,7 +65,7 @@ def test_prepare_in_a_fresh_process_prints_nothing(tmp_path):
 
     repo = pathlib.Path(__file__).resolve().parents[1]
     script = ("import jax, jax.numpy as jnp, numpy as np\n"
-              "from resnet_scaling.predict import Predictor\n"
+              "from resnet_scaling.inference.predict import Predictor\n"
               "from tests.helpers import model_of, tiny_config\n"
               "config = tiny_config(data__source='folders', data__eval_resize_size=36)\n"
               "model = model_of(config)\n"

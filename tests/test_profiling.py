@@ -3,7 +3,7 @@
 import pytest
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import trainer
+from resnet_scaling.training import trainer
 from tests.helpers import random_arrays, tiny_config
 
 

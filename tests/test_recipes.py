@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import recipes
+from resnet_scaling.config import recipes
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

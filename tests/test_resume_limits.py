@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from resnet_scaling import plan, trainer
+from resnet_scaling.training import plan, trainer
 from tests.helpers import random_arrays, tiny_config
 
 

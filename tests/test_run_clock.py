@@ -6,7 +6,7 @@ import time
 import jax
 import pytest
 
-from resnet_scaling import trainer, training_setup
+from resnet_scaling.training import trainer, training_setup
 from tests.helpers import random_arrays, tiny_config
 
 

@@ -5,7 +5,9 @@ import dataclasses
 import pytest
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import data, models, optim, sections, steps
+from resnet_scaling import data, models
+from resnet_scaling.config import sections
+from resnet_scaling.training import optim, steps
 from tests.helpers import tiny_config
 
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from resnet_scaling import config as config_lib
-from resnet_scaling.analysis import shipped_reports
+from resnet_scaling.planning import shipped_reports
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TPU_CONFIGS = shipped_reports.shipped_tpu_configs()

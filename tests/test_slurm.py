@@ -16,7 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from resnet_scaling import checkpointing, distributed
+from resnet_scaling import checkpointing
+from resnet_scaling.job import distributed
 from tests.helpers import launch_xla_flags
 from tests.slurm_cluster import KILL_WAIT_SEC, slurm_cluster
 

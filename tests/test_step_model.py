@@ -8,7 +8,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from resnet_scaling.analysis import step_model
+from resnet_scaling.planning import step_model
 
 BENCHMARKS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
 

@@ -8,8 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from resnet_scaling import data, mesh, models, optim, sections, steps
-from resnet_scaling import plan as plan_lib
+from resnet_scaling import data, models
+from resnet_scaling.config import sections
+from resnet_scaling.training import mesh, optim, steps
+from resnet_scaling.training import plan as plan_lib
 from tests.helpers import random_arrays, tiny_config
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import trainer
+from resnet_scaling.training import trainer
 from tests.helpers import launch_xla_flags, model_of, random_arrays, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import trainer, training_setup
-from resnet_scaling.analysis import compiled as compiled_lib
 from resnet_scaling.data import ArraySource
+from resnet_scaling.metrics import compiled as compiled_lib
+from resnet_scaling.training import trainer, training_setup
 from tests.helpers import model_of, random_arrays, tiny_config
 
 

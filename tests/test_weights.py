@@ -1,4 +1,4 @@
-"""Tests for loading torchvision ResNet weights (`resnet_scaling.weights`).
+"""Tests for loading torchvision ResNet weights (`resnet_scaling.models.weights`).
 
 The reference is an independent NumPy forward pass of torchvision's ResNet in eval mode, written
 directly against the torchvision state dict (NCHW, OIHW kernels, PyTorch padding).
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from resnet_scaling import models
-from resnet_scaling.weights import from_torchvision, load_torchvision_file
+from resnet_scaling.models.weights import from_torchvision, load_torchvision_file
 
 NUM_CLASSES = 10
 NUM_FILTERS = 8

@@ -6,7 +6,9 @@ import logging
 
 import pytest
 
-from resnet_scaling import checkpointing, trainer, workdir
+from resnet_scaling import checkpointing
+from resnet_scaling.job import workdir
+from resnet_scaling.training import trainer
 from tests.helpers import random_arrays, tiny_config
 
 
@@ -149,8 +151,8 @@ def test_a_damaged_config_changes_file_is_set_aside(tmp_path, caplog):
 
 
 def test_a_launch_that_dies_in_its_set_up_counts_and_a_refused_one_does_not(tmp_path, monkeypatch):
-    from resnet_scaling import plan as plan_lib
-    from resnet_scaling import training_setup
+    from resnet_scaling.training import plan as plan_lib
+    from resnet_scaling.training import training_setup
 
     arrays = random_arrays()
     trainer.train_and_evaluate(_config(training__num_train_steps=3), str(tmp_path), arrays=arrays)

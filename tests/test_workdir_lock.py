@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from resnet_scaling import trainer, training_setup, workdir
+from resnet_scaling.job import workdir
+from resnet_scaling.training import trainer, training_setup
 from tests.helpers import random_arrays, tiny_config
 
 

@@ -1,4 +1,4 @@
-"""Throughput flags per backend (`resnet_scaling.host.xla_flags`): merging, detection, and that XLA and libtpu
+"""Throughput flags per backend (`resnet_scaling.job.xla_flags`): merging, detection, and that XLA and libtpu
 know every flag (an unknown one aborts a backend's start-up)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from resnet_scaling.host import xla_flags
+from resnet_scaling.job import xla_flags
 
 
 def test_tpu_flags_go_to_libtpu_and_keep_the_users_choices():

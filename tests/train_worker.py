@@ -20,7 +20,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from resnet_scaling import checkpointing, distributed, mesh, trainer, training_setup  # noqa: E402
+from resnet_scaling import checkpointing
+from resnet_scaling.job import distributed
+from resnet_scaling.training import mesh, trainer, training_setup
 from tests.helpers import random_arrays, tiny_config  # noqa: E402
 
 
@@ -108,7 +110,7 @@ def main() -> None:
     parser.add_argument("--process_id", type=int, default=0)
     parser.add_argument("--coordinator", default="")
     parser.add_argument("--peer_timeout_sec", type=float, default=None,
-                        help="Join through resnet_scaling.distributed, as train.py does, with its peer "
+                        help="Join through resnet_scaling.job.distributed, as train.py does, with its peer "
                              "watchdog and this timeout, and fail as train.py does (default: plain "
                              "jax.distributed.initialize).")
     parser.add_argument("--num_eval", type=int, default=20, help="Evaluation images.")

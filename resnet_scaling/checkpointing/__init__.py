@@ -41,9 +41,9 @@ from flax import traverse_util
 from jax.experimental import multihost_utils
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import workdir as workdir_lib
 from resnet_scaling.checkpointing import state_checks
-from resnet_scaling.errors import RunError
+from resnet_scaling.job import workdir as workdir_lib
+from resnet_scaling.job.errors import RunError
 
 logger = logging.getLogger(__name__)
 

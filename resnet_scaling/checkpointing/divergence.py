@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from resnet_scaling.checkpointing import state_checks
-from resnet_scaling.errors import RunError
+from resnet_scaling.job.errors import RunError
 
 if TYPE_CHECKING:
     from resnet_scaling.checkpointing import Checkpointer
-    from resnet_scaling.steps import TrainState
+    from resnet_scaling.training.steps import TrainState
 
 
 class DivergenceError(RunError, FloatingPointError):

@@ -7,7 +7,7 @@ import threading
 import jax
 import orbax.checkpoint as ocp
 
-from resnet_scaling.host import stopping
+from resnet_scaling.job import stopping
 
 
 class PreemptionWatcher:

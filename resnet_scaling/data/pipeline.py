@@ -20,7 +20,6 @@ import numpy as np
 import tensorflow as tf
 from jax.sharding import Mesh
 
-from resnet_scaling import mesh as mesh_lib
 from resnet_scaling.data import image_folders, preprocessing, records, shapes
 from resnet_scaling.data.base import (
     MLPERF_CROP_AREA_RANGE,
@@ -32,7 +31,8 @@ from resnet_scaling.data.base import (
     process_share,
 )
 from resnet_scaling.data.records import RecordShare
-from resnet_scaling.plan import BatchPlan
+from resnet_scaling.training import mesh as mesh_lib
+from resnet_scaling.training.plan import BatchPlan
 
 logger = logging.getLogger(__name__)
 

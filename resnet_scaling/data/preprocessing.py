@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from resnet_scaling.config_fields import RESIZE_METHODS
+from resnet_scaling.config.fields import RESIZE_METHODS
 
 # The reduced scales libjpeg's `ratio` offers, smallest reduction first.
 DCT_SCALES = (1, 2, 4, 8)

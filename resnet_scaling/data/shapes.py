@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from resnet_scaling.host import stopping
+from resnet_scaling.job import stopping
 
 logger = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@
 | `profiling.py` | a `jax.profiler` trace of a window of steps, for TensorBoard's Profile tab |
 """
 
-from resnet_scaling.analysis.hardware import peak_tflops_per_device
 from resnet_scaling.metrics.accuracy import MLPERF_TARGET_TOP1, TimeToAccuracy
 from resnet_scaling.metrics.device import MetricsBuffer, summarize_eval
 from resnet_scaling.metrics.goodput import GoodputRecorder, goodput_summary
+from resnet_scaling.metrics.hardware import peak_tflops_per_device
 from resnet_scaling.metrics.run_clock import RunClock
 from resnet_scaling.metrics.run_report import RunReport
 from resnet_scaling.metrics.summary import (

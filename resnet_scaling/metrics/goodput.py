@@ -23,7 +23,7 @@ from typing import Any
 
 from etils import epath
 
-from resnet_scaling import workdir as workdir_lib
+from resnet_scaling.job import workdir as workdir_lib
 
 GOODPUT_FILENAME = "goodput.json"
 # Per-launch seconds by cause, as each launch records them.

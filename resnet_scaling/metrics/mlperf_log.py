@@ -34,8 +34,9 @@ from etils import epath
 from mlperf_logging.mllog import constants as mlc
 from mlperf_logging.mllog import mllog
 
-from resnet_scaling import config_fields, optim
-from resnet_scaling import plan as plan_lib
+from resnet_scaling.config import fields as config_fields
+from resnet_scaling.training import optim
+from resnet_scaling.training import plan as plan_lib
 
 logger = logging.getLogger(__name__)
 

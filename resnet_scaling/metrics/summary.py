@@ -24,7 +24,7 @@ from typing import Any
 
 from etils import epath
 
-from resnet_scaling import workdir as workdir_lib
+from resnet_scaling.job import workdir as workdir_lib
 
 SUMMARY_SCHEMA_VERSION = 3  # 2: the goodput section; 3: the mlperf section.
 SUMMARY_FILENAME = "summary.json"

@@ -69,7 +69,7 @@ class TensorBoardWriter:
     NOT_PLOTTED = ("step", "eval_count", "window_steps", "window_since_resume")
 
     def __init__(self, logdir: str, config_text: str | None = None) -> None:
-        from resnet_scaling import tf_import
+        from resnet_scaling.job import tf_import
 
         tf_import.import_tensorflow_for_host()
         from clu import metric_writers

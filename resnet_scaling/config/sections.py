@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 import ml_collections
 
 from resnet_scaling import data as data_lib
-from resnet_scaling import models, optim, steps
+from resnet_scaling import models
+from resnet_scaling.training import optim, steps
 
 _Section = TypeVar("_Section")
 

@@ -12,9 +12,8 @@ from collections.abc import Callable
 
 import jax
 
-from resnet_scaling import distributed
-from resnet_scaling.host import memory as host_memory
-from resnet_scaling.host import xla_flags
+from resnet_scaling.job import distributed, xla_flags
+from resnet_scaling.job import memory as host_memory
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from resnet_scaling.errors import ConfigError
+from resnet_scaling.job.errors import ConfigError
 
 DATA_AXIS = "data"  # Devices of one slice (ICI); the only axis of a single-slice mesh.
 DCN_AXIS = "dcn"  # Slices, joined by the data-center network; present when there are several.

@@ -28,7 +28,7 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from resnet_scaling.analysis import hardware
+from resnet_scaling.metrics import hardware
 
 CALIBRATION_PATH = pathlib.Path(__file__).with_name("step_calibration.json")
 COMPILED, ROOFLINE = "compiled", "roofline"

@@ -19,13 +19,14 @@ import ml_collections
 import numpy as np
 import optax
 
-from resnet_scaling import checkpointing, models, steps, trainer
+from resnet_scaling import checkpointing, models
 from resnet_scaling import config as config_lib
 from resnet_scaling import data as data_lib
-from resnet_scaling import mesh as mesh_lib
-from resnet_scaling import plan as plan_lib
-from resnet_scaling import sections as sections_lib
-from resnet_scaling import workdir as workdir_lib
+from resnet_scaling.config import sections as sections_lib
+from resnet_scaling.job import workdir as workdir_lib
+from resnet_scaling.training import mesh as mesh_lib
+from resnet_scaling.training import plan as plan_lib
+from resnet_scaling.training import steps, trainer
 
 logger = logging.getLogger(__name__)
 

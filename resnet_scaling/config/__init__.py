@@ -21,7 +21,7 @@ from typing import Any
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from resnet_scaling.config_fields import (
+from resnet_scaling.config.fields import (
     COMPUTE_DTYPES,
     DATA_SOURCES,
     DURATIONS,
@@ -38,7 +38,7 @@ from resnet_scaling.config_fields import (
     WEIGHT_DECAY_LEAVES,
     set_duration_field,
 )
-from resnet_scaling.errors import ConfigError
+from resnet_scaling.job.errors import ConfigError
 
 __all__ = ["IMAGENET_MEAN_RGB", "IMAGENET_NUM_EVAL_EXAMPLES", "IMAGENET_NUM_TRAIN_EXAMPLES",
            "IMAGENET_STDDEV_RGB", "ConfigError", "config_from_saved", "find_config_file", "get_base_config",

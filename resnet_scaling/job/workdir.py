@@ -27,8 +27,8 @@ from typing import Any
 
 from etils import epath
 
-from resnet_scaling import tf_import
-from resnet_scaling.errors import MissingExtraError, RunError
+from resnet_scaling.job import tf_import
+from resnet_scaling.job.errors import MissingExtraError, RunError
 
 logger = logging.getLogger(__name__)
 

@@ -25,17 +25,19 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from resnet_scaling import checkpointing, console, recipes, steps, training_setup
+from resnet_scaling import checkpointing
 from resnet_scaling import data as data_lib
 from resnet_scaling import metrics as metrics_lib
-from resnet_scaling import plan as plan_lib
-from resnet_scaling import workdir as workdir_lib
-from resnet_scaling.analysis import compiled as compiled_lib
 from resnet_scaling.checkpointing import divergence, preemption
-from resnet_scaling.errors import RunError
-from resnet_scaling.host import stopping
+from resnet_scaling.config import recipes
+from resnet_scaling.job import console, stopping
+from resnet_scaling.job import workdir as workdir_lib
+from resnet_scaling.job.errors import RunError
+from resnet_scaling.metrics import compiled as compiled_lib
 from resnet_scaling.metrics import profiling, run_report
 from resnet_scaling.metrics.summary import SUMMARY_FILENAME
+from resnet_scaling.training import plan as plan_lib
+from resnet_scaling.training import steps, training_setup
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,8 @@ from resnet_scaling import config as config_lib
 LINE_LENGTH = 110  # The project's (ruff's) line length: a long tuple wraps at it.
 _INDENT = "    "
 _HEADER = ("# The config, overrides applied, as a config file (--config=FILE runs it), with the comments\n"
-           '# of get_base_config() (resnet_scaling/config.py). "(default: X)": the base\'s value differs.\n')
+           '# of get_base_config() (resnet_scaling/config/__init__.py). "(default: X)": the base\'s value '
+           'differs.\n')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,10 +21,13 @@ import optax
 
 from resnet_scaling import config as config_lib
 from resnet_scaling import data as data_lib
-from resnet_scaling import init_from, models, optim, recipes, steps
-from resnet_scaling import mesh as mesh_lib
-from resnet_scaling import plan as plan_lib
-from resnet_scaling import sections as sections_lib
+from resnet_scaling import models
+from resnet_scaling.config import recipes
+from resnet_scaling.config import sections as sections_lib
+from resnet_scaling.models import init_from
+from resnet_scaling.training import mesh as mesh_lib
+from resnet_scaling.training import optim, steps
+from resnet_scaling.training import plan as plan_lib
 
 
 @dataclasses.dataclass(frozen=True)

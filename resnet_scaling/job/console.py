@@ -155,8 +155,9 @@ def read_config_flag(config_flag: flags.FlagHolder, argv: list[str] | None = Non
     changes are logged where `log`), or one `error:` line when its file does not load (ml_collections:
     chained tracebacks) or its recipe is unknown."""
     from resnet_scaling import config as config_lib
-    from resnet_scaling import recipes, workdir
-    from resnet_scaling.errors import ConfigError
+    from resnet_scaling.config import recipes
+    from resnet_scaling.job import workdir
+    from resnet_scaling.job.errors import ConfigError
 
     try:
         config = config_flag.value
@@ -263,8 +264,9 @@ def show_progress() -> None:
 
     A bare `logging.basicConfig()` on the root logger counts as nothing set up: absl calls it at its first
     log line when the root has no handler (orbax logs one at import), and its lines carry no time
-    ("INFO:resnet_scaling.trainer:step ..."). Ours then keeps our lines from it, not to print them twice; a
-    handler configured later (on our logger, or any other on the root) takes them back at the next run."""
+    ("INFO:resnet_scaling.training.trainer:step ..."). Ours then keeps our lines from it, not to print them
+    twice; a handler configured later (on our logger, or any other on the root) takes them back at the next
+    run."""
     logger = logging.getLogger(LIBRARY_LOGGER)
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.INFO)

@@ -15,15 +15,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from resnet_scaling.batchnorm import GroupedBatchNorm
-from resnet_scaling.config_fields import LOWERINGS
-from resnet_scaling.cpu_lowering import (
-    PatchGradConv,
-    PointwiseConv,
-    conv_kernel_init,
-    max_pool_3x3_s2,
-)
-from resnet_scaling.plan import BatchPlan, TrainingPlan
+from resnet_scaling.config.fields import LOWERINGS
+from resnet_scaling.models.batchnorm import GroupedBatchNorm
+from resnet_scaling.models.cpu_lowering import PatchGradConv, PointwiseConv, conv_kernel_init, max_pool_3x3_s2
+from resnet_scaling.training.plan import BatchPlan, TrainingPlan
 
 ModuleDef = Any
 

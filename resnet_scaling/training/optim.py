@@ -28,8 +28,8 @@ import optax
 from flax import traverse_util
 from flax.training import dynamic_scale as dynamic_scale_lib
 
-from resnet_scaling.config_fields import LARS_VARIANTS
-from resnet_scaling.plan import TrainingPlan
+from resnet_scaling.config.fields import LARS_VARIANTS
+from resnet_scaling.training.plan import TrainingPlan
 
 
 def kernel_mask(params: Any) -> Any:

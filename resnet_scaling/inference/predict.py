@@ -27,9 +27,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from resnet_scaling import checkpointing, models, steps
+from resnet_scaling import checkpointing, models
 from resnet_scaling import config as config_lib
-from resnet_scaling import sections as sections_lib
+from resnet_scaling.config import sections as sections_lib
+from resnet_scaling.training import steps
 
 __all__ = ["WEIGHTS", "Predictor"]
 
@@ -130,7 +131,7 @@ class Predictor:
             if wrong:
                 raise ValueError(self._as_given_message(wrong[0]))
             return np.stack(images) if images else np.zeros((0, size, size, 3), np.uint8)
-        from resnet_scaling import tf_import
+        from resnet_scaling.job import tf_import
 
         tf_import.import_tensorflow_for_host()  # GPUs hidden from it, its import notices off the console.
         from resnet_scaling.data import pipeline, preprocessing  # TensorFlow: only runs on image files.

@@ -29,12 +29,12 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from resnet_scaling import plan as plan_lib
-from resnet_scaling import recipes
-from resnet_scaling.analysis import convergence, hardware, step_model
-from resnet_scaling.config import IMAGENET_NUM_TRAIN_EXAMPLES
-from resnet_scaling.config_fields import TRAINING_LENGTH
-from resnet_scaling.errors import RunError
+from resnet_scaling.config import IMAGENET_NUM_TRAIN_EXAMPLES, recipes
+from resnet_scaling.config.fields import TRAINING_LENGTH
+from resnet_scaling.job.errors import RunError
+from resnet_scaling.metrics import hardware
+from resnet_scaling.planning import convergence, step_model
+from resnet_scaling.training import plan as plan_lib
 
 PRICES_PATH = pathlib.Path(__file__).with_name("prices.json")
 # The shipped compile report whose FLOPs and HBM bytes per image stand for a program that cannot be compiled

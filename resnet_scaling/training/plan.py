@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import ml_collections
 
-from resnet_scaling.config_fields import (
+from resnet_scaling.config.fields import (
     CHECKPOINT_INTERVAL,
     EVAL_INTERVAL,
     TIMING_WARMUP,
@@ -36,7 +36,7 @@ from resnet_scaling.config_fields import (
     Rounding,
     set_duration_field,
 )
-from resnet_scaling.errors import ConfigError
+from resnet_scaling.job.errors import ConfigError
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
@@ -208,7 +208,7 @@ def batch_plan_for_mesh(config: ml_collections.ConfigDict, mesh: Mesh) -> BatchP
     """The batch sizes of `config` on `mesh`, as seen from this process."""
     # jax only here, where there is a mesh: the rest is arithmetic that the planner
     # (analysis/planning.py) uses without it.
-    from resnet_scaling import mesh as mesh_lib
+    from resnet_scaling.training import mesh as mesh_lib
 
     return batch_plan(config, mesh.size, *mesh_lib.process_layout(mesh))
 

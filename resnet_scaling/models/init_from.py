@@ -17,8 +17,10 @@ import numpy as np
 from etils import epath
 from flax import traverse_util
 
-from resnet_scaling import checkpointing, models, steps, weights
-from resnet_scaling.plan import ConfigError
+from resnet_scaling import checkpointing, models
+from resnet_scaling.models import weights
+from resnet_scaling.training import steps
+from resnet_scaling.training.plan import ConfigError
 
 FIELD = "config.model.init_from"
 logger = logging.getLogger(__name__)

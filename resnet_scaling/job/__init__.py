@@ -1,0 +1,14 @@
+"""The process a command runs in: its job, its console, its workdir, its signals.
+
+| module | job |
+|---|---|
+| `process_setup.py` | `start_process` (platform, flags, CPU memory, a job); `start_host_compiler` |
+| `distributed.py` | a multi-process job: joining it (TPU slices, SLURM, local), a lost peer named |
+| `stopping.py` | SIGINT, SIGTERM from a command's first line: any phase stops within seconds, in one line |
+| `console.py` | reading `--config`, the console's lines, the headline, a bounded exit after an error |
+| `errors.py` | the errors a user can act on (`RunError` and its kinds), each one line |
+| `workdir.py` | the run's folder: its lock, atomic files, local or gs:// |
+| `xla_flags.py` | XLA, libtpu and NCCL flags for throughput per backend; no TPU probe without a TPU |
+| `memory.py` | CPU steps: glibc keeps what a step frees for the next, instead of faulting it in again |
+| `tf_import.py` | TensorFlow, imported late and quietly, where tf.data or TensorBoard needs it |
+"""
