@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from resnet_scaling import models
-from resnet_scaling.training import mesh as mesh_lib
+from resnet_scaling.job import mesh as mesh_lib
 from resnet_scaling.training import optim, steps
 
 # name: (model, classes, width, image size)

@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from resnet_scaling.config import IMAGENET_NUM_TRAIN_EXAMPLES, get_base_config, recipes, sections
-from resnet_scaling.training import optim
-from resnet_scaling.training.plan import derive
+from resnet_scaling.config import IMAGENET_NUM_TRAIN_EXAMPLES, get_base_config, recipes
+from resnet_scaling.config.plan import derive
+from resnet_scaling.training import optim, sections
 
 BATCH = 32_768
 STEPS_SHOWN = (1, 100, 468, 469, 470, 547, 548, 1000, 2000, 3000, 3400, 3555, 3556, 3557)

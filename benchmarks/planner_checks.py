@@ -37,11 +37,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from resnet_scaling.config import IMAGENET_NUM_EVAL_EXAMPLES, IMAGENET_NUM_TRAIN_EXAMPLES
+from resnet_scaling.config import IMAGENET_NUM_EVAL_EXAMPLES, IMAGENET_NUM_TRAIN_EXAMPLES, plan
 from resnet_scaling.metrics import hardware
 from resnet_scaling.planning import estimates as planning
 from resnet_scaling.planning import shipped_reports, step_model
-from resnet_scaling.training import plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402

@@ -38,9 +38,9 @@ import flax_example_baseline  # noqa: E402
 import harness  # noqa: E402
 
 from resnet_scaling import config as config_lib  # noqa: E402
+from resnet_scaling.job import mesh
 from resnet_scaling.metrics import compiled as compiled_lib
 from resnet_scaling.planning import aot
-from resnet_scaling.training import mesh
 
 
 def load_config(name: str) -> Any:

@@ -18,7 +18,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from resnet_scaling import config as config_lib
-from resnet_scaling.job import console, errors, process_setup, workdir
+from resnet_scaling.job import errors, process_setup, workdir
+from resnet_scaling.metrics import console
 from resnet_scaling.planning import aot, shipped_reports
 
 logger = logging.getLogger("resnet_scaling.compile")  # Not __name__: "__main__" under `python -m`.

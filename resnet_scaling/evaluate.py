@@ -43,7 +43,8 @@ def main(argv: list[str]) -> None:
     """The command: evaluates, prints the figures and writes the JSON; errors end as one `error:` line."""
     from absl import flags
 
-    from resnet_scaling.job import console, process_setup
+    from resnet_scaling.job import process_setup
+    from resnet_scaling.metrics import console
 
     console.refuse_arguments(argv)
     console.configure_command_line_logging()  # Our lines; other libraries' (orbax's) only as warnings.
@@ -70,7 +71,7 @@ def main(argv: list[str]) -> None:
 if __name__ == "__main__":
     from absl import app
 
-    from resnet_scaling.job import console
+    from resnet_scaling.metrics import console
 
     _define_flags()
     app.run(main, flags_parser=console.parse_flags)

@@ -27,8 +27,8 @@ from typing import Any
 from absl import app, flags
 
 from resnet_scaling import config as config_lib
-from resnet_scaling.job import console, errors, process_setup, workdir
-from resnet_scaling.metrics import format_duration
+from resnet_scaling.job import errors, process_setup, workdir
+from resnet_scaling.metrics import console, format_duration
 from resnet_scaling.planning import estimates as planning
 from resnet_scaling.planning import shipped_reports, step_model
 

@@ -26,8 +26,8 @@ import time
 from absl import app, flags
 from etils import epath
 
-from resnet_scaling.job import console
 from resnet_scaling.job.errors import RunError
+from resnet_scaling.metrics import console
 
 # Named, not __name__: run with -m this module is "__main__", outside the logger console.py shows at INFO.
 logger = logging.getLogger("resnet_scaling.prepare")

@@ -25,8 +25,9 @@ from ml_collections import config_flags
 from resnet_scaling import checkpointing
 from resnet_scaling import config as config_lib
 from resnet_scaling.config import text as config_text
-from resnet_scaling.job import console, distributed, errors, process_setup, xla_flags
+from resnet_scaling.job import distributed, errors, process_setup, xla_flags
 from resnet_scaling.job import workdir as workdir_lib
+from resnet_scaling.metrics import console
 from resnet_scaling.training import trainer
 
 logger = logging.getLogger("resnet_scaling.train")  # Not __name__: "__main__" under `python -m`.

@@ -46,8 +46,8 @@ def data_source(config, mesh, arrays=None, **kwargs):
     """`data.create_data_source` for a whole config: its data section and batch plan on `mesh`."""
     # Imported here: worker processes import this module before they set up JAX.
     from resnet_scaling import data
-    from resnet_scaling.config import sections
-    from resnet_scaling.training import plan
+    from resnet_scaling.config import plan
+    from resnet_scaling.training import sections
 
     return data.create_data_source(sections.read(config).data, mesh, arrays,
                                    batch=plan.batch_plan_for_mesh(config, mesh), **kwargs)
@@ -56,7 +56,7 @@ def data_source(config, mesh, arrays=None, **kwargs):
 def model_of(config, plan=None):
     """`models.model_from_config` for a whole config (its model section)."""
     from resnet_scaling import models
-    from resnet_scaling.config import sections
+    from resnet_scaling.training import sections
 
     return models.model_from_config(sections.read(config).model, plan)
 

@@ -14,10 +14,10 @@ import pytest
 
 from resnet_scaling import config as config_lib
 from resnet_scaling import models
+from resnet_scaling.config import plan as plan_lib
+from resnet_scaling.job import mesh as mesh_lib
 from resnet_scaling.models.batchnorm import GroupedBatchNorm
 from resnet_scaling.planning import hlo
-from resnet_scaling.training import mesh as mesh_lib
-from resnet_scaling.training import plan as plan_lib
 from resnet_scaling.training.trainer import train_and_evaluate
 from tests.helpers import model_of, random_arrays, tiny_config
 

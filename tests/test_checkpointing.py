@@ -17,7 +17,8 @@ import pytest
 
 from resnet_scaling import checkpointing
 from resnet_scaling.checkpointing import divergence
-from resnet_scaling.training import mesh, trainer
+from resnet_scaling.job import mesh
+from resnet_scaling.training import trainer
 from tests.helpers import launch_xla_flags, model_of, random_arrays, tiny_config, users_compile
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

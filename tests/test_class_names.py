@@ -17,10 +17,11 @@ import tensorflow_datasets as tfds
 
 from resnet_scaling import checkpointing, data
 from resnet_scaling import config as config_lib
+from resnet_scaling.config import plan as plan_lib
 from resnet_scaling.inference.evaluation import evaluate_workdir
 from resnet_scaling.inference.predict import Predictor
-from resnet_scaling.training import mesh, trainer
-from resnet_scaling.training import plan as plan_lib
+from resnet_scaling.job import mesh
+from resnet_scaling.training import trainer
 from tests.helpers import data_source, random_arrays, tiny_config
 from tests.image_files import encode
 

@@ -12,7 +12,7 @@ from resnet_scaling import config as config_lib
 from resnet_scaling import models
 from resnet_scaling.config import ConfigError, get_base_config, recipes, validate
 from resnet_scaling.config import fields as config_fields
-from resnet_scaling.training.plan import derive
+from resnet_scaling.config.plan import derive
 
 CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 CONFIG_FILES = sorted(p for p in CONFIGS_DIR.glob("*.py") if p.stem != "__init__")

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from resnet_scaling import data
+from resnet_scaling.config import plan as plan_lib
 from resnet_scaling.data import image_folders, shapes
-from resnet_scaling.training import mesh
-from resnet_scaling.training import plan as plan_lib
+from resnet_scaling.job import mesh
 from tests.helpers import data_source, random_arrays, tiny_config
 from tests.image_files import write_folders
 

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
+from resnet_scaling.job import mesh as mesh_lib
 from resnet_scaling.planning import hlo
-from resnet_scaling.training import mesh as mesh_lib
 
 HLO = """
 HloModule jit_step, entry_computation_layout={(f32[64,10]{1,0})->f32[64,10]{1,0}}

@@ -148,11 +148,33 @@ def describe_cycles(edges: dict[str, set[str]], where: dict[tuple[str, str], lis
 def test_the_graph_sees_the_package():
     """The parser finds the units and the imports that are plainly there (else "no cycle" means nothing)."""
     edges, where = import_graph()
-    assert len(edges) >= 25, sorted(edges)
-    assert {"data/", "metrics/", "analysis/", "host/", "trainer.py", "config.py"} <= set(edges)
-    assert {"steps.py", "metrics/", "data/"} <= edges["trainer.py"], edges["trainer.py"]
-    assert any("trainer.py:" in line for line in where["trainer.py", "steps.py"])
+    commands = {"train.py", "evaluate.py", "compile.py", "planner.py", "prepare.py"}
+    folders = {"job/", "config/", "data/", "models/", "checkpointing/", "metrics/", "training/", "inference/",
+               "planning/"}
+    assert set(edges) == {"__init__.py"} | commands | folders, sorted(edges)
+    assert edges["training/"] >= {"config/", "data/", "models/", "metrics/", "checkpointing/"}
+    assert any("training/trainer.py:" in line for line in where["training/", "metrics/"])
     assert "__init__.py" not in set().union(*edges.values())  # Nothing uses the public API from inside.
+
+
+# The folders in layers, as data flows (config -> plan -> mesh -> input -> model -> step -> metrics ->
+# checkpoint): a folder imports only from the layers below its own. The commands sit on top.
+LAYERS = (
+    {"job/"},  # The process: errors, workdir, devices and mesh, signals, the job.
+    {"config/"},  # The config, its recipes and the plan derived from it.
+    {"data/", "models/", "checkpointing/", "metrics/"},
+    {"training/"},
+    {"inference/", "planning/"},
+)
+
+
+def test_the_folders_import_only_from_the_layers_below():
+    edges, where = import_graph()
+    below: set[str] = set()
+    for layer in LAYERS:
+        for folder in sorted(layer):
+            assert edges[folder] <= below, (folder, {e: where[folder, e][0] for e in edges[folder] - below})
+        below |= layer
 
 
 def test_a_cycle_is_found_and_named():
@@ -172,10 +194,23 @@ def test_no_import_cycle_between_the_package_units():
     assert not cycles, "Import cycles between the package's units:\n" + cycles
 
 
+def _module_imports(module: str) -> set[str]:
+    """The package's modules that `resnet_scaling.<module>` imports."""
+    files = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    name = f"{ROOT}.{module}"
+    path = files[name]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for imported in _imported(node, name, path.name == "__init__.py"):
+            owner = _owner(imported, set(files))
+            if owner is not None and owner not in (name, ROOT):
+                found.add(owner[len(ROOT) + 1:])
+    return found
+
+
 def test_the_multi_process_job_imports_nothing_of_the_library_and_the_workdir_only_the_bottom():
     """The job component (join, start-up checks, peer watch, leave) stands alone: what it needs of a run
     (the checkpoints on disk, for a dead peer's message) is handed to it. The workdir foundation (paths,
     atomic writes, the lock) sits on the errors and the lazy TensorFlow import only."""
-    edges, where = import_graph()
-    assert edges["distributed.py"] == set(), where
-    assert edges["workdir.py"] <= {"errors.py", "tf_import.py"}, edges["workdir.py"]
+    assert _module_imports("job.distributed") == set()
+    assert _module_imports("job.workdir") <= {"job.errors", "job.tf_import"}

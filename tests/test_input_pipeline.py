@@ -19,10 +19,10 @@ import tensorflow_datasets as tfds
 
 from resnet_scaling import data
 from resnet_scaling.checkpointing import preemption
-from resnet_scaling.config import sections
+from resnet_scaling.config import plan as plan_lib
 from resnet_scaling.data import pipeline, records, tfds_data
-from resnet_scaling.training import mesh, trainer
-from resnet_scaling.training import plan as plan_lib
+from resnet_scaling.job import mesh
+from resnet_scaling.training import sections, trainer
 from tests.helpers import data_source, tiny_config
 from tests.image_files import encode, identity, with_identity, write_folders, write_ilsvrc_tars
 

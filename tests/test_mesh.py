@@ -10,7 +10,8 @@ import pytest
 from jax.sharding import PartitionSpec
 
 from resnet_scaling.config import ConfigError, validate
-from resnet_scaling.training import mesh, training_setup
+from resnet_scaling.job import mesh
+from resnet_scaling.training import training_setup
 from tests.helpers import random_arrays, tiny_config
 
 

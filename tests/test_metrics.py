@@ -13,8 +13,8 @@ import pytest
 from resnet_scaling import checkpointing, metrics
 from resnet_scaling import config as config_lib
 from resnet_scaling.checkpointing import preemption
+from resnet_scaling.config import plan as plan_lib
 from resnet_scaling.metrics import compiled as compiled_lib
-from resnet_scaling.training import plan as plan_lib
 from resnet_scaling.training import trainer, training_setup
 from tests.helpers import random_arrays, tiny_config
 

@@ -18,8 +18,8 @@ import pytest
 from mlperf_logging.compliance_checker import mlp_compliance
 
 from resnet_scaling import config as config_lib
+from resnet_scaling.config import plan as plan_lib
 from resnet_scaling.metrics import mlperf_log
-from resnet_scaling.training import plan as plan_lib
 from tests.helpers import users_compile, without_suite_cache
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -22,9 +22,9 @@ from mlperf_logging.compliance_checker import mlp_compliance
 
 from resnet_scaling import config as config_lib
 from resnet_scaling import metrics
+from resnet_scaling.config import plan as plan_lib
 from resnet_scaling.data import ArraySource, shapes
 from resnet_scaling.metrics import mlperf_log
-from resnet_scaling.training import plan as plan_lib
 from resnet_scaling.training import trainer, training_setup
 from tests.helpers import data_source, tiny_config
 
@@ -427,7 +427,7 @@ def test_invalid_mlperf_settings_are_refused_naming_the_field(field, value, says
 
 def test_mlperf_mode_trains_on_mlperfs_crop_area(tmp_path):
     from resnet_scaling.data import pipeline
-    from resnet_scaling.training import mesh
+    from resnet_scaling.job import mesh
 
     config = tiny_config(data__source="shapes", data__cache_dir=str(tmp_path), data__num_train_examples=20,
                          data__num_eval_examples=10)

@@ -20,14 +20,15 @@ import pytest
 from flax.training import dynamic_scale as dynamic_scale_lib
 
 from resnet_scaling import models
-from resnet_scaling.config import get_base_config, sections
+from resnet_scaling.config import get_base_config
+from resnet_scaling.config.plan import derive
+from resnet_scaling.training import sections
 from resnet_scaling.training.optim import (
     create_dynamic_scale,
     create_learning_rate_schedule,
     create_optimizer,
     kernel_mask,
 )
-from resnet_scaling.training.plan import derive
 from resnet_scaling.training.steps import cross_entropy_loss, normalize_images, topk_correct
 
 CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"

@@ -1,4 +1,4 @@
-"""The training plan (`resnet_scaling.training.plan`): durations in steps, examples or epochs through one
+"""The training plan (`resnet_scaling.config.plan`): durations in steps, examples or epochs through one
 converter, batch sizes per process and per device, and the evaluation step count every source uses."""
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 from resnet_scaling import data
-from resnet_scaling.config import ConfigError, get_base_config, validate
+from resnet_scaling.config import ConfigError, get_base_config, plan, validate
 from resnet_scaling.config import fields as config_fields
-from resnet_scaling.training import plan
 from tests.helpers import data_source, random_arrays, tiny_config
 
 IMAGENET = 1_281_167
@@ -110,7 +109,7 @@ def test_batch_plan_sizes_per_process_and_device():
 
 def test_synthetic_eval_counts_every_example_once_whatever_the_step_count():
     config = tiny_config(data__source="synthetic", data__num_eval_examples=37, eval__global_batch_size=16)
-    from resnet_scaling.training import mesh
+    from resnet_scaling.job import mesh
 
     m = mesh.create_mesh(8)
     source = data_source(config, m)
@@ -122,7 +121,7 @@ def test_synthetic_eval_counts_every_example_once_whatever_the_step_count():
 def test_an_evaluation_set_smaller_than_the_eval_batch_is_one_batch_of_its_own_size():
     """128 images with the default evaluation batch (1,024) on 8 devices: one batch of 128, no padding; 37
     images: one batch of 40 (5 a device), 3 of them padding. Counted from the batches the source yields."""
-    from resnet_scaling.training import mesh
+    from resnet_scaling.job import mesh
 
     assert get_base_config().eval.global_batch_size == 1024
     m = mesh.create_mesh(8)

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from resnet_scaling.training import plan, trainer
+from resnet_scaling.config import plan
+from resnet_scaling.training import trainer
 from tests.helpers import random_arrays, tiny_config
 
 

@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from resnet_scaling.config import plan as plan_lib
+from resnet_scaling.job import mesh as mesh_lib
 from resnet_scaling.metrics.goodput import GoodputRecorder
 from resnet_scaling.metrics.run_report import RunReport
-from resnet_scaling.training import mesh as mesh_lib
-from resnet_scaling.training import plan as plan_lib
 from tests.helpers import tiny_config
 
 NUM_TRAIN_EXAMPLES = 64  # 4 steps of 16 images per epoch.

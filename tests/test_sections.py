@@ -6,8 +6,7 @@ import pytest
 
 from resnet_scaling import config as config_lib
 from resnet_scaling import data, models
-from resnet_scaling.config import sections
-from resnet_scaling.training import optim, steps
+from resnet_scaling.training import optim, sections, steps
 from tests.helpers import tiny_config
 
 

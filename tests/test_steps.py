@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from resnet_scaling import data, models
-from resnet_scaling.config import sections
-from resnet_scaling.training import mesh, optim, steps
-from resnet_scaling.training import plan as plan_lib
+from resnet_scaling.config import plan as plan_lib
+from resnet_scaling.job import mesh
+from resnet_scaling.training import optim, sections, steps
 from tests.helpers import random_arrays, tiny_config
 
 

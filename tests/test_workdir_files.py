@@ -151,7 +151,7 @@ def test_a_damaged_config_changes_file_is_set_aside(tmp_path, caplog):
 
 
 def test_a_launch_that_dies_in_its_set_up_counts_and_a_refused_one_does_not(tmp_path, monkeypatch):
-    from resnet_scaling.training import plan as plan_lib
+    from resnet_scaling.config import plan as plan_lib
     from resnet_scaling.training import training_setup
 
     arrays = random_arrays()

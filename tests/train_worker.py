@@ -21,8 +21,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from resnet_scaling import checkpointing
-from resnet_scaling.job import distributed
-from resnet_scaling.training import mesh, trainer, training_setup
+from resnet_scaling.job import distributed, mesh
+from resnet_scaling.training import trainer, training_setup
 from tests.helpers import random_arrays, tiny_config  # noqa: E402
 
 

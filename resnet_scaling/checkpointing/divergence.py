@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -11,7 +11,6 @@ from resnet_scaling.job.errors import RunError
 
 if TYPE_CHECKING:
     from resnet_scaling.checkpointing import Checkpointer
-    from resnet_scaling.training.steps import TrainState
 
 
 class DivergenceError(RunError, FloatingPointError):
@@ -35,7 +34,7 @@ class DivergenceGuard:
     non-finite loss at step j moves the checkpoints of steps j-1 on to WORKDIR/diverged_checkpoints/.
     """
 
-    def __init__(self, state: TrainState, start_step: int, max_norm_growth: float,
+    def __init__(self, state: Any, start_step: int, max_norm_growth: float,
                  checkpointer: Checkpointer | None) -> None:
         self._start_step = start_step
         self._max_norm_growth = max_norm_growth
@@ -57,7 +56,7 @@ class DivergenceGuard:
         raise DivergenceError(f"Training diverged: {cause}. {self._keep_sound(bad_step - 1)} Lower the "
                               "learning rate, lengthen the warm-up or use float32/bfloat16 compute.")
 
-    def check_state(self, step: int, state: TrainState) -> None:
+    def check_state(self, step: int, state: Any) -> None:
         """Raises `DivergenceError` instead of saving a non-finite or exploding state."""
         finite, norm = state_checks.health(state)
         if not finite:

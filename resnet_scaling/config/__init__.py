@@ -1,9 +1,18 @@
-"""The base configuration (every field commented) and its validation.
+"""The base configuration (every field commented) and its validation; the package holds what is decided
+from a config before anything runs.
+
+| module | job |
+|---|---|
+| `__init__.py` | `get_base_config()`, `validate`, loading a config file or a shipped config by name |
+| `fields.py` | the values each choice field accepts, the fields that set each duration |
+| `recipes.py` | the published recipes, applied to the final global batch (`resolve`) |
+| `plan.py` | `derive`: every size and duration of a run, in steps; `LoopSchedule`: when the loop acts |
+| `text.py` | a config printed as a config file, each field with its comment (`--print_config`) |
 
 Config files under `configs/` start from `get_base_config()` and change only what differs. `setup`
-(training_setup.py) validates once per command; `plan.derive` then makes the `TrainingPlan` consumers read.
-The values each choice field accepts and the fields that set each duration are in config_fields.py, which
-the modules that read those fields import too: this module imports none of them.
+(training/training_setup.py) validates once per command; `plan.derive` then makes the `TrainingPlan`
+consumers read. The values each choice field accepts and the fields that set each duration are in
+fields.py, which the modules that read those fields import too.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 from jax.sharding import Mesh
 
+from resnet_scaling.config import plan as plan_lib
 from resnet_scaling.config.fields import DATA_SOURCES
 from resnet_scaling.data.base import (
     MLPERF_CROP_AREA_RANGE,
@@ -31,7 +32,6 @@ from resnet_scaling.data.base import (
 from resnet_scaling.data.shapes import make_shapes, shapes_folder
 from resnet_scaling.data.sources import ArraySource, SyntheticSource
 from resnet_scaling.job import tf_import
-from resnet_scaling.training import plan as plan_lib
 
 __all__ = ["MLPERF_CROP_AREA_RANGE", "ArraySource", "DataConfig", "DataError",
            "DataSource", "SyntheticSource", "create_data_source", "make_shapes", "pad_batch", "prefetch",

@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from resnet_scaling.config.plan import BatchPlan
+from resnet_scaling.job import mesh as mesh_lib
 from resnet_scaling.job.errors import RunError
-from resnet_scaling.training import mesh as mesh_lib
-from resnet_scaling.training.plan import BatchPlan
 
 __all__ = ["MLPERF_CROP_AREA_RANGE", "Batch", "DataConfig", "DataError", "DataSource", "pad_batch",
            "prefetch", "process_share", "shaped_eval_batch", "shaped_train_batch"]

@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 from jax.sharding import Mesh
 
+from resnet_scaling.config.plan import BatchPlan
 from resnet_scaling.data import image_folders, preprocessing, records, shapes
 from resnet_scaling.data.base import (
     MLPERF_CROP_AREA_RANGE,
@@ -31,8 +32,7 @@ from resnet_scaling.data.base import (
     process_share,
 )
 from resnet_scaling.data.records import RecordShare
-from resnet_scaling.training import mesh as mesh_lib
-from resnet_scaling.training.plan import BatchPlan
+from resnet_scaling.job import mesh as mesh_lib
 
 logger = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from resnet_scaling.config.plan import BatchPlan
 from resnet_scaling.data.base import Batch, pad_batch, process_share
-from resnet_scaling.training import mesh as mesh_lib
-from resnet_scaling.training.plan import BatchPlan
+from resnet_scaling.job import mesh as mesh_lib
 
 
 def _random_batch(key: jax.Array, batch_size: int, image_size: int, num_classes: int) -> Batch:

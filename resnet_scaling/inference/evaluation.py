@@ -22,10 +22,10 @@ import optax
 from resnet_scaling import checkpointing, models
 from resnet_scaling import config as config_lib
 from resnet_scaling import data as data_lib
-from resnet_scaling.config import sections as sections_lib
+from resnet_scaling.config import plan as plan_lib
+from resnet_scaling.job import mesh as mesh_lib
 from resnet_scaling.job import workdir as workdir_lib
-from resnet_scaling.training import mesh as mesh_lib
-from resnet_scaling.training import plan as plan_lib
+from resnet_scaling.training import sections as sections_lib
 from resnet_scaling.training import steps, trainer
 
 logger = logging.getLogger(__name__)

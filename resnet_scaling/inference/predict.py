@@ -29,7 +29,7 @@ import numpy as np
 
 from resnet_scaling import checkpointing, models
 from resnet_scaling import config as config_lib
-from resnet_scaling.config import sections as sections_lib
+from resnet_scaling.training import sections as sections_lib
 from resnet_scaling.training import steps
 
 __all__ = ["WEIGHTS", "Predictor"]

@@ -1,11 +1,12 @@
-"""The process a command runs in: its job, its console, its workdir, its signals.
+"""The process a command runs in: its job, its devices, its workdir, its signals. The bottom layer: it
+imports nothing else of the package.
 
 | module | job |
 |---|---|
 | `process_setup.py` | `start_process` (platform, flags, CPU memory, a job); `start_host_compiler` |
 | `distributed.py` | a multi-process job: joining it (TPU slices, SLURM, local), a lost peer named |
 | `stopping.py` | SIGINT, SIGTERM from a command's first line: any phase stops within seconds, in one line |
-| `console.py` | reading `--config`, the console's lines, the headline, a bounded exit after an error |
+| `mesh.py` | the device mesh, batch shardings, host-local batches made global arrays |
 | `errors.py` | the errors a user can act on (`RunError` and its kinds), each one line |
 | `workdir.py` | the run's folder: its lock, atomic files, local or gs:// |
 | `xla_flags.py` | XLA, libtpu and NCCL flags for throughput per backend; no TPU probe without a TPU |

@@ -35,8 +35,7 @@ from mlperf_logging.mllog import constants as mlc
 from mlperf_logging.mllog import mllog
 
 from resnet_scaling.config import fields as config_fields
-from resnet_scaling.training import optim
-from resnet_scaling.training import plan as plan_lib
+from resnet_scaling.config import plan as plan_lib
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +94,7 @@ def hyperparameters(config: ml_collections.ConfigDict, plan: plan_lib.TrainingPl
         keys[f"{prefix}_opt_end_learning_rate"] = s.end_learning_rate
     if s.name == "polynomial":
         keys[f"{prefix}_opt_learning_rate_decay_poly_power"] = s.polynomial_power
-        keys[f"{prefix}_opt_learning_rate_decay_steps"] = optim.polynomial_decay_steps(plan)
+        keys[f"{prefix}_opt_learning_rate_decay_steps"] = plan.polynomial_decay_steps
     else:
         keys[f"{prefix}_opt_learning_rate_decay_steps"] = plan.total_steps - plan.warmup_steps
     warmup_key = mlc.LARS_OPT_LEARNING_RATE_WARMUP_EPOCHS if prefix == "lars" else mlc.OPT_LR_WARMUP_EPOCHS

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import jax
 import ml_collections
 
+from resnet_scaling.config import plan as plan_lib
 from resnet_scaling.metrics import mlperf_log
 from resnet_scaling.metrics.device import MetricsBuffer
 from resnet_scaling.metrics.goodput import GoodputRecorder
@@ -24,7 +25,6 @@ from resnet_scaling.metrics.run_clock import RunClock
 from resnet_scaling.metrics.summary import build_summary, write_summary
 from resnet_scaling.metrics.utilisation import utilisation
 from resnet_scaling.metrics.writers import MetricWriters, format_duration
-from resnet_scaling.training import plan as plan_lib
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,12 @@
 """ResNet v1.5 in Flax (NHWC), ResNet-18 to ResNet-200 plus a tiny test model.
 
+| module | job |
+|---|---|
+| `__init__.py` | `ResNet`, `ModelConfig`, `create_model`, `model_from_config` |
+| `batchnorm.py` | batch norm over groups of images (`model.bn_group_size`) |
+| `cpu_lowering.py` | the 1x1 convolutions and max pooling XLA's CPU backend runs fastest |
+| `weights.py` | torchvision weights as this model's variables |
+
 v1.5 (torchvision, MLPerf reference) strides a stage's first bottleneck on its 3x3, not its first 1x1.
 Convolutions pad symmetrically (TF's `fixed_padding`, PyTorch): torchvision weights give the same outputs.
 """
@@ -16,9 +23,9 @@ import jax
 import jax.numpy as jnp
 
 from resnet_scaling.config.fields import LOWERINGS
+from resnet_scaling.config.plan import BatchPlan, TrainingPlan
 from resnet_scaling.models.batchnorm import GroupedBatchNorm
 from resnet_scaling.models.cpu_lowering import PatchGradConv, PointwiseConv, conv_kernel_init, max_pool_3x3_s2
-from resnet_scaling.training.plan import BatchPlan, TrainingPlan
 
 ModuleDef = Any
 

@@ -20,11 +20,11 @@ import jax
 import ml_collections
 
 from resnet_scaling import config as config_lib
+from resnet_scaling.job import mesh as mesh_lib
 from resnet_scaling.job.errors import MissingExtraError, RunError
 from resnet_scaling.metrics import compiled as compiled_lib
 from resnet_scaling.metrics import hardware
 from resnet_scaling.planning import hlo
-from resnet_scaling.training import mesh as mesh_lib
 from resnet_scaling.training import training_setup
 
 logger = logging.getLogger(__name__)

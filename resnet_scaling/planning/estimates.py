@@ -30,11 +30,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from resnet_scaling.config import IMAGENET_NUM_TRAIN_EXAMPLES, recipes
+from resnet_scaling.config import plan as plan_lib
 from resnet_scaling.config.fields import TRAINING_LENGTH
 from resnet_scaling.job.errors import RunError
 from resnet_scaling.metrics import hardware
 from resnet_scaling.planning import convergence, step_model
-from resnet_scaling.training import plan as plan_lib
 
 PRICES_PATH = pathlib.Path(__file__).with_name("prices.json")
 # The shipped compile report whose FLOPs and HBM bytes per image stand for a program that cannot be compiled

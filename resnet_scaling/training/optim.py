@@ -29,7 +29,7 @@ from flax import traverse_util
 from flax.training import dynamic_scale as dynamic_scale_lib
 
 from resnet_scaling.config.fields import LARS_VARIANTS
-from resnet_scaling.training.plan import TrainingPlan
+from resnet_scaling.config.plan import TrainingPlan
 
 
 def kernel_mask(params: Any) -> Any:
@@ -157,18 +157,13 @@ def lars(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def polynomial_decay_steps(plan: TrainingPlan) -> int:
-    """Steps the polynomial decay spans: `train_steps - warmup_steps + 1`, as tensorflow/tpu's lars_util
-    and MLPerf's references count them (its last step so stays just above the end learning rate)."""
-    return plan.total_steps - plan.warmup_steps + 1
-
-
 def create_learning_rate_schedule(schedule: ScheduleConfig, plan: TrainingPlan) -> optax.Schedule:
     """Linear warm-up from 0 to `plan.peak_learning_rate`, then the decay `schedule.name` names.
 
     Warm-up while `step < plan.warmup_exact_steps`; decay from the whole step `plan.warmup_steps`.
     - "cosine": to `end_learning_rate` over `total_steps - warmup_steps`.
-    - "polynomial": (1 - t)^power to `end_learning_rate` over `polynomial_decay_steps` (lars_util's, power 2).
+    - "polynomial": (1 - t)^power to `end_learning_rate` over `plan.polynomial_decay_steps` (lars_util's,
+      power 2).
     - "piecewise": x `decay_factor` from each of `boundary_epochs` on (resnet_main.py's: fractional epoch >=
       boundary); a boundary inside warm-up applies once it ends; boundaries on one epoch compound.
     - "constant": the peak.
@@ -184,7 +179,7 @@ def create_learning_rate_schedule(schedule: ScheduleConfig, plan: TrainingPlan) 
         def decay(step):
             return cosine(step - origin)
     elif s.name == "polynomial":
-        span = polynomial_decay_steps(plan)
+        span = plan.polynomial_decay_steps
         def decay(step):
             # (span - t) / span, not optax's 1 - t / span: exact in float32 near the end (a small difference).
             remaining = jnp.asarray(span - jnp.clip(step - origin, 0, span), jnp.float32) / span

@@ -19,7 +19,7 @@ from flax.training import dynamic_scale as dynamic_scale_lib
 from flax.training import train_state
 from jax.sharding import Mesh
 
-from resnet_scaling.training import mesh as mesh_lib
+from resnet_scaling.job import mesh as mesh_lib
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]

@@ -29,14 +29,14 @@ from resnet_scaling import checkpointing
 from resnet_scaling import data as data_lib
 from resnet_scaling import metrics as metrics_lib
 from resnet_scaling.checkpointing import divergence, preemption
+from resnet_scaling.config import plan as plan_lib
 from resnet_scaling.config import recipes
-from resnet_scaling.job import console, stopping
+from resnet_scaling.job import stopping
 from resnet_scaling.job import workdir as workdir_lib
 from resnet_scaling.job.errors import RunError
 from resnet_scaling.metrics import compiled as compiled_lib
-from resnet_scaling.metrics import profiling, run_report
+from resnet_scaling.metrics import console, profiling, run_report
 from resnet_scaling.metrics.summary import SUMMARY_FILENAME
-from resnet_scaling.training import plan as plan_lib
 from resnet_scaling.training import steps, training_setup
 
 logger = logging.getLogger(__name__)

@@ -22,12 +22,11 @@ import optax
 from resnet_scaling import config as config_lib
 from resnet_scaling import data as data_lib
 from resnet_scaling import models
+from resnet_scaling.config import plan as plan_lib
 from resnet_scaling.config import recipes
-from resnet_scaling.config import sections as sections_lib
-from resnet_scaling.models import init_from
-from resnet_scaling.training import mesh as mesh_lib
-from resnet_scaling.training import optim, steps
-from resnet_scaling.training import plan as plan_lib
+from resnet_scaling.job import mesh as mesh_lib
+from resnet_scaling.training import init_from, optim, steps
+from resnet_scaling.training import sections as sections_lib
 
 
 @dataclasses.dataclass(frozen=True)

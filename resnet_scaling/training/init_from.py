@@ -18,9 +18,9 @@ from etils import epath
 from flax import traverse_util
 
 from resnet_scaling import checkpointing, models
+from resnet_scaling.config.plan import ConfigError
 from resnet_scaling.models import weights
 from resnet_scaling.training import steps
-from resnet_scaling.training.plan import ConfigError
 
 FIELD = "config.model.init_from"
 logger = logging.getLogger(__name__)

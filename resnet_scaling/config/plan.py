@@ -208,7 +208,7 @@ def batch_plan_for_mesh(config: ml_collections.ConfigDict, mesh: Mesh) -> BatchP
     """The batch sizes of `config` on `mesh`, as seen from this process."""
     # jax only here, where there is a mesh: the rest is arithmetic that the planner
     # (analysis/planning.py) uses without it.
-    from resnet_scaling.training import mesh as mesh_lib
+    from resnet_scaling.job import mesh as mesh_lib
 
     return batch_plan(config, mesh.size, *mesh_lib.process_layout(mesh))
 
@@ -268,6 +268,12 @@ class TrainingPlan:
         """Whole steps that see every example once (rounded up); for display and bookkeeping. Epochs and
         steps convert through `epoch_length` (unrounded: `epoch_length.exact_steps_per_epoch`)."""
         return self.epoch_length.steps_per_epoch
+
+    @property
+    def polynomial_decay_steps(self) -> int:
+        """Steps the polynomial decay spans: `total_steps - warmup_steps + 1`, as tensorflow/tpu's lars_util
+        and MLPerf's references count them (its last step so stays just above the end learning rate)."""
+        return self.total_steps - self.warmup_steps + 1
 
 
 def derive(config: ml_collections.ConfigDict, num_train_examples: int, num_devices: int | None = None, *,
