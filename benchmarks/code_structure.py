@@ -115,7 +115,9 @@ def figures(root: Path) -> dict[str, Any]:
         "lines_per_folder": folders | {"top-level modules": top_level},
         "lines_total": sum(lines_per_unit.values()),
         "import_cycles": import_cycles(root),
-        **loop_figures(package / "trainer.py"),
+        # The loop's module: at the top (before #53's folders) or in training/.
+        **loop_figures(next((p for p in (package / "training" / "trainer.py", package / "trainer.py")
+                             if p.is_file()), package / "trainer.py")),
         "longest_trainer_function": trainer_functions[0] if trainer_functions else None,
         "longest_functions": sorted(longest, reverse=True)[:5],
         "whole_config_functions": whole_config,
@@ -136,7 +138,7 @@ def main() -> None:
             ("the loop's function (lines)", lambda r: f"{r['loop_function']} ({r['loop_lines']})"),
             ("the loop's collaborators", lambda r: str(len(r["collaborators"]))),
             ("longest function in trainer.py", lambda r: "{1} ({0})".format(*r["longest_trainer_function"])
-             .replace("resnet_scaling/training/trainer.py:", "")),
+             .split(":")[-1]),
             ("functions taking the whole config", lambda r: str(len(r["whole_config_functions"]))),
             ("lines in resnet_scaling/", lambda r: f"{r['lines_total']:,}")]
     folders = sorted({f for r in results for f in r["lines_per_folder"]})

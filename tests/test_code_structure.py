@@ -46,9 +46,9 @@ def test_the_figures_of_a_package_with_one_cycle_and_a_two_collaborator_loop(tmp
     # `range`), not a name only handed to one (`next(batches)`).
     assert figures["loop_function"] == "train" and figures["loop_lines"] == 7
     assert figures["collaborators"] == ["report", "step_fn"]
-    assert figures["longest_trainer_function"] == (7, "resnet_scaling/training/trainer.py:train")
+    assert figures["longest_trainer_function"] == (7, "resnet_scaling/trainer.py:train")
     assert sorted(figures["whole_config_functions"]) == ["resnet_scaling/data/other.py:read",
-                                                         "resnet_scaling/training/trainer.py:train"]
+                                                         "resnet_scaling/trainer.py:train"]
     assert figures["lines_per_folder"]["data/"] == 5 + 5
     assert figures["lines_total"] == sum(len(p.read_text().splitlines())
                                          for p in (tmp_path / "resnet_scaling").rglob("*.py"))

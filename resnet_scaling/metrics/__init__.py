@@ -12,9 +12,9 @@
 | `summary.py` | `summary.json`: the headline figures of a run and its config |
 | `mlperf_log.py` | WORKDIR/mlperf_log.txt through mllog, MLPerf's clock, its blocks, epochs and evaluations |
 | `run_report.py` | a launch's accounts for the loop: clock, records, goodput, writers, MLPerf log, summary |
-| `compiled.py` | FLOPs and memory per device of a compiled step, from XLA's cost and memory analyses |
+| `compiled.py` | FLOPs and memory per device of a compiled step, from XLA's cost and memory analysis |
 | `hardware.py` | one table of peak FLOP/s, HBM and link bandwidths per device kind; the host's CPU |
-| `console.py` | reading `--config`, the console's lines, the closing headline, a bounded exit after an error |
+| `console.py` | reading `--config`, the console's lines, the headline, a bounded exit after an error |
 | `profiling.py` | a `jax.profiler` trace of a window of steps, for TensorBoard's Profile tab |
 """
 

@@ -2,7 +2,7 @@
 
 | module | job |
 |---|---|
-| `sections.py` | `read(config)`: the typed sections the parts take (model, optimizer, schedule, data, steps) |
+| `sections.py` | `read(config)`: the typed sections the parts take (model, optimizer, data, steps...) |
 | `optim.py` | the optimizers (SGD; LARS as TensorFlow 1.12 and MLPerf define it), learning-rate schedules |
 | `steps.py` | the train state and the pure `train_step` / `eval_step`, jitted over the mesh |
 | `init_from.py` | a run's first state from other weights (torchvision, a workdir, a checkpoint) |
