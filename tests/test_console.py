@@ -183,11 +183,11 @@ def test_library_users_see_progress_without_configuring_logging(tmp_path):
     "INFO:resnet_scaling.training.trainer:step 4/4 ..."), once; `print(result)` is the few lines of the
     headline."""
     script = (
-        "from resnet_scaling import trainer\n"
+        "from resnet_scaling.training import trainer\n"
         "from tests.helpers import random_arrays, tiny_config\n"
         f"result = trainer.train_and_evaluate(tiny_config(), {str(tmp_path)!r}, arrays=random_arrays())\n"
         "print(result)\n"
-        "from resnet_scaling import console\n"
+        "from resnet_scaling.metrics import console\n"
         "console.show_progress()  # Idempotent: no second handler.\n"
         "import logging\n"
         "assert len(logging.getLogger('resnet_scaling').handlers) <= 1\n"

@@ -18,7 +18,7 @@ from tests.helpers import users_compile
 _PROBE = textwrap.dedent("""
     import ctypes, ctypes.util, json, resource, sys
     if sys.argv[1] == "keep":
-        from resnet_scaling.host import memory as host_memory
+        from resnet_scaling.job import memory as host_memory
         assert host_memory.keep_freed_memory()
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
@@ -61,7 +61,7 @@ def test_it_warns_unless_jax_runs_cpu_steps_on_the_calling_thread():
         import logging, sys
         logging.basicConfig(level=logging.WARNING)
         import jax
-        from resnet_scaling.host import memory as host_memory
+        from resnet_scaling.job import memory as host_memory
         if sys.argv[1] == "sync":
             jax.config.update("jax_cpu_enable_async_dispatch", False)
         host_memory.keep_freed_memory()
@@ -75,7 +75,7 @@ def test_the_training_step_takes_no_page_faults_once_warm(tmp_path):
     script = textwrap.dedent("""
         import json, resource, sys
         import jax, jax.numpy as jnp
-        from resnet_scaling.host import memory as host_memory
+        from resnet_scaling.job import memory as host_memory
         if sys.argv[1] == "keep":
             jax.config.update("jax_cpu_enable_async_dispatch", False)
             assert host_memory.keep_freed_memory()

@@ -361,7 +361,7 @@ def _slurm_job_id_holding_its_port() -> Iterator[int]:
 def test_two_processes_join_under_a_simulated_slurm_step(tmp_path):
     """2 tasks on one node: resnet_scaling.job.distributed with SLURM's variables only."""
     script = ("import json, jax\n"
-              "from resnet_scaling import distributed\n"
+              "from resnet_scaling.job import distributed\n"
               "from jax._src import distributed as jax_distributed\n"
               "settings = distributed.maybe_initialize(initialization_timeout_sec=60)\n"
               "print(json.dumps({'reason': settings.reason, 'index': jax.process_index(),"
@@ -495,7 +495,7 @@ def test_a_lone_process_0_says_which_process_never_connected_and_listens_on_loop
     script = ("import os, sys, time\n"
               "if os.environ['RESNET_SCALING_PROCESS_ID'] == '0':\n"
               "    import logging; logging.basicConfig(level=logging.INFO)\n"
-              "    from resnet_scaling import distributed\n"
+              "    from resnet_scaling.job import distributed\n"
               "    distributed.maybe_initialize(initialization_timeout_sec=4)\n"
               "    sys.exit('joined?!')\n"
               "with open('pid-1', 'w') as f: f.write(str(os.getpid()))\n"

@@ -144,7 +144,7 @@ def test_the_wheel_with_only_its_declared_dependencies_runs_the_demo_on_a_gs_wor
     shipped = {p.name for p in (REPO / "configs").glob("*.py")}
     assert {f"resnet_scaling/configs/{name}" for name in shipped} <= names
     # The shipped TPU configs' compile reports, which the planner reads instead of compiling.
-    reports = {p.name for p in (REPO / "resnet_scaling" / "analysis" / "compiled_reports").glob("*.json")}
+    reports = {p.name for p in (REPO / "resnet_scaling" / "planning" / "compiled_reports").glob("*.json")}
     assert reports and {f"resnet_scaling/planning/compiled_reports/{name}" for name in reports} <= names
     assert not any(name.startswith(("tests/", "configs/", "benchmarks/")) for name in names)
 

@@ -195,7 +195,7 @@ def test_a_stop_in_each_later_phase_keeps_the_work_and_resumes(tmp_path, dataset
 
 _SECOND_CTRL_C = """
 import sys, time
-from resnet_scaling.host import stopping
+from resnet_scaling.job import stopping
 stop = stopping.StopSignals.install()
 with stop.phase("saving a checkpoint", then="finishing the save, then stopping"):
     print("ready", flush=True)

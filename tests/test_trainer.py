@@ -126,7 +126,7 @@ def test_the_synthetic_path_trains_without_tensorflow(tmp_path):
         "    sys.modules[name] = None  # Importing it now fails as if it were not installed.\n"
         "import jax\n"
         "jax.config.update('jax_disable_most_optimizations', True)  # Compile fast, as conftest.py does.\n"
-        "from resnet_scaling import trainer\n"
+        "from resnet_scaling.training import trainer\n"
         "from tests.helpers import tiny_config\n"
         "config = tiny_config(data__source='synthetic', data__num_train_examples=64,\n"
         "                     data__num_eval_examples=16, training__num_train_steps=2,\n"
