@@ -1,7 +1,7 @@
 """The case study's report: a Markdown table and charts from run summaries and published figures.
 
   python benchmarks/case_study.py --summaries RUN1/summary.json RUN2 ... --out_dir /tmp/report
-  python benchmarks/case_study.py --prices my_prices.json   # prices of your own (as analysis/prices.json)
+  python benchmarks/case_study.py --prices my_prices.json   # prices of your own (as planning/prices.json)
 
 Rows come from `summary.json` files ("measured": steady-state images/sec, 90 epochs at that rate) and
 the case study's published figures ("published"; `docs/case_study.md`). Whatever the case study did not
@@ -61,7 +61,7 @@ CHIP_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # The speedup chart's ticks.
 
 # The case study's own price for the TPU v2 Pod, not today's: its "nearly 40% lower" cost than 8 V100s
 # holds at $384/h for the full v2 Pod, $1.50 per chip-hour, which no price page confirms (docs/case_study.md:
-# "assumed"). The planner's shipped table (analysis/prices.json) prices a TPU v2 chip at $1.13, the archived
+# "assumed"). The planner's shipped table (planning/prices.json) prices a TPU v2 chip at $1.13, the archived
 # 2018 on-demand price of a single v2 device; Cloud TPU priced Pod types apart from single devices.
 CASE_STUDY_POD_PRICE = planning.Price(384.0 / 256, "full v2 Pod $384/h (docs/case_study.md) / 256 chips",
                                       basis="assumed")
@@ -441,7 +441,7 @@ def _cost_chart(plt: Any, rows: Sequence[Mapping[str, Any]], path: Path) -> None
     ax.invert_yaxis()  # The table's order, top to bottom.
     ax.set_xlim(0, 1.15 * max((r["cost_usd"] for r in priced), default=1))
     ax.set_xlabel("USD per 90-epoch run = (chips x price + VM) x time\n(times published or derived from "
-                  "published figures; prices: analysis/prices.json, the pod's assumed)", fontsize=9)
+                  "published figures; prices: planning/prices.json, the pod's assumed)", fontsize=9)
     ax.set_title(f"Cost per run, {CASE_STUDY_WORKLOAD}", fontsize=11)
     ax.tick_params(axis="y", labelsize=9)
     fig.savefig(path, dpi=120, bbox_inches="tight")
@@ -513,7 +513,7 @@ def _sourced(basis: str, source: str, date: str) -> str:
 
 
 def load_prices(path: str | None) -> Mapping[str, Mapping[str, tuple[float, str]]]:
-    """The report's prices: the planner's shipped table (analysis/prices.json) with the case study's pod
+    """The report's prices: the planner's shipped table (planning/prices.json) with the case study's pod
     price for TPU v2, then the kinds a price file of the same shape lists (`--prices`, "given"), as
     `python -m resnet_scaling.planner --prices` reads it."""
     prices = {**planning.load_prices(), "TPU v2": CASE_STUDY_POD_PRICE}
@@ -528,7 +528,7 @@ PRICES = load_prices(None)
 def _parse_args(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--summaries", nargs="*", default=[], help="summary.json files or workdirs holding one.")
-    p.add_argument("--prices", default=None, help="A JSON price table shaped as resnet_scaling/analysis/"
+    p.add_argument("--prices", default=None, help="A JSON price table shaped as resnet_scaling/planning/"
                    "prices.json; the kinds it lists replace the report's prices.")
     p.add_argument("--out_dir", default=str(RESULTS / "case_study"))
     p.add_argument("--no_published", action="store_true", help="Only measured rows.")

@@ -4,7 +4,7 @@
     python -m resnet_scaling.compile --shipped      # every shipped TPU config, into the package's reports
 
 Needs libtpu (`pip install -e '.[tpu]'`), not a TPU: libtpu describes the topology's devices. Prints
-per-device memory against the chip's HBM, FLOPs per step and the step's collectives (analysis/aot.py).
+per-device memory against the chip's HBM, FLOPs per step and the step's collectives (planning/aot.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ _TOPOLOGY = flags.DEFINE_string("topology", None,
                                 "TPU topology, e.g. v2:16x16 (default: config.system.topology).")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the report as JSON to this path.")
 _SHIPPED = flags.DEFINE_bool("shipped", False, "Compile every shipped config that names a TPU topology and "
-                             "write its report into the package (analysis/compiled_reports/), where the "
+                             "write its report into the package (planning/compiled_reports/), where the "
                              "planner reads it instead of compiling.")
 
 

@@ -4,7 +4,8 @@ Loads a run's final (`export/`) or best (its best evaluation's checkpoint) param
 makes one exact pass over its evaluation split and writes `WORKDIR/eval_<weights>_<split>.json`
 (`evaluation.evaluate_workdir` from Python). For a moved dataset: `--override=data.data_dir=/mnt/tfds`.
 
-The package imports `evaluation.py`, never this module: runpy warns if `python -m` finds it imported.
+The package imports `inference/evaluation.py`, never this module: runpy warns if `python -m` finds it
+imported.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _define_flags() -> None:
                               "e.g. data.data_dir=/mnt/tfds (a moved dataset); repeatable.")
     flags.DEFINE_bool("keep_freed_memory", True, "On the CPU: run the evaluation step on the main thread and "
                       "have glibc keep the memory a step frees for the next, as training does "
-                      "(host/memory.py). No effect on accelerators.")
+                      "(job/memory.py). No effect on accelerators.")
 
 
 def main(argv: list[str]) -> None:

@@ -8,11 +8,11 @@
 
 Inputs: compile reports (`python -m resnet_scaling.compile --json_out`), runs' `summary.json` (or workdir),
 configs by name or path (a shipped TPU config's report ships with the package while the config is
-unchanged, `analysis/shipped_reports.py`; other TPU configs are compiled here with libtpu, about a minute
+unchanged, `planning/shipped_reports.py`; other TPU configs are compiled here with libtpu, about a minute
 each on 2 cores; a GPU config is planned from a TPU program of the same model, per image). One row per
 system: the step model's calibrated step with its interval and the raw model beside it
-(`analysis/step_model.py`), the recipe's epochs, and the cost at the shipped dated prices
-(`analysis/prices.json`) or yours; every figure names its basis (`analysis/planning.py`).
+(`planning/step_model.py`), the recipe's epochs, and the cost at the shipped dated prices
+(`planning/prices.json`) or yours; every figure names its basis (`planning/estimates.py`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ _PRICES = flags.DEFINE_multi_string(
     'name without .json, its config name or the system name), e.g. "pod=1.23:your price page, read on '
     'DATE".')
 _PRICE_TABLE = flags.DEFINE_string(
-    "prices", None, 'A JSON price table by device kind, as the shipped analysis/prices.json: {"TPU v4": '
+    "prices", None, 'A JSON price table by device kind, as the shipped planning/prices.json: {"TPU v4": '
     '{"usd_per_chip_hour": 1.23, "source": "your price page", "date": "..."}, ...}; kinds it lacks keep the '
     'shipped prices.')
 _INPUT_RATE = flags.DEFINE_string(

@@ -49,11 +49,11 @@ _PEER_TIMEOUT = flags.DEFINE_float(
     "peer_timeout_sec", None, "Multi-process jobs: stop, naming the lost process, when another process has "
     "shown no sign of life for this long (default: $RESNET_SCALING_PEER_TIMEOUT_SEC or 60; 0 turns it off).")
 _THROUGHPUT_FLAGS = flags.DEFINE_bool(
-    "throughput_flags", True, "Add the XLA/libtpu flags of host/xla_flags.py for the detected backend.")
+    "throughput_flags", True, "Add the XLA/libtpu flags of job/xla_flags.py for the detected backend.")
 _KEEP_FREED_MEMORY = flags.DEFINE_bool(
     "keep_freed_memory", True, "Steps on the CPU: run them on the main thread and have glibc keep the memory "
     "a step frees for the next, instead of faulting it in again (1.3x the ResNet-50 step on 2 cores; "
-    "host/memory.py). No effect on accelerators.")
+    "job/memory.py). No effect on accelerators.")
 _PRINT_CONFIG = flags.DEFINE_bool(
     "print_config", False, "Print the config, overrides applied, as a config file with each field's comment "
     "(--config=FILE runs it), and exit without training (a run writes it to WORKDIR/config.json).")

@@ -174,7 +174,7 @@ def test_published_rows_reproduce_the_case_study():
 
 
 def test_an_edited_price_table_changes_the_cost(tmp_path):
-    prices = tmp_path / "prices.json"  # The planner's shape (analysis/prices.json).
+    prices = tmp_path / "prices.json"  # The planner's shape (planning/prices.json).
     prices.write_text(json.dumps({"TPU v2": {"usd_per_chip_hour": 3.0, "source": "mine"}}))
     table = case_study.load_prices(str(prices))
     pod, v100 = case_study.PUBLISHED[2], case_study.PUBLISHED[0]

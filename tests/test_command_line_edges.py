@@ -35,7 +35,7 @@ def test_help_exits_zero_without_warnings(command, tmp_path):
     assert "--workdir" in proc.stdout
     # runpy warns when the package has already imported the module `-m` is about to run.
     assert "RuntimeWarning" not in proc.stderr and "sys.modules" not in proc.stderr, proc.stderr
-    # The files it cites exist: in the package (host/memory.py) or the checkout (configs/*.py).
+    # The files it cites exist: in the package (job/memory.py) or the checkout (configs/*.py).
     cited = set(re.findall(r"[\w/*.-]+\.py\b", proc.stdout))
     assert cited and all(any((root / name).exists() or list(root.glob(name)) for root in (REPO,
                          REPO / "resnet_scaling")) for name in cited if not name.startswith("/")), cited

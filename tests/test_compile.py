@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation for a TPU topology (`analysis.aot`, `python -m resnet_scaling.compile`).
+"""Ahead-of-time compilation for a TPU topology (`planning.aot`, `python -m resnet_scaling.compile`).
 
 Needs libtpu (the `tpu` and `test` extras), not a TPU: 'v2:2x2' describes 4 TPU v2 chips = 8 devices.
 """

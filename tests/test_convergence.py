@@ -1,4 +1,4 @@
-"""Epochs to MLPerf's ResNet target at a batch size (`analysis/convergence.py`), against MLPerf's own files
+"""Epochs to MLPerf's ResNet target at a batch size (`planning/convergence.py`), against MLPerf's own files
 and checker: the RCP JSON that mlperf-logging ships, read here with json and NumPy, and the checker's own
 interpolation."""
 

@@ -83,10 +83,10 @@ def test_a_run_preempted_then_crashed_reports_recomputed_steps_and_restart_gaps(
     offset["sec"] += GAP_SEC
     real_save = checkpointing.Checkpointer.save
 
-    def save_or_die(self, step, state, clock, eval_metrics=None):
+    def save_or_die(self, step, state, clock, eval_metrics=None, **options):
         if step == 8:
             raise RuntimeError("the machine went away")
-        return real_save(self, step, state, clock, eval_metrics)
+        return real_save(self, step, state, clock, eval_metrics, **options)
 
     monkeypatch.setattr(checkpointing.Checkpointer, "save", save_or_die)
     second_start = time.perf_counter()

@@ -1,4 +1,4 @@
-"""The one table of accelerator figures (`analysis/hardware.py`): peaks for MFU, HBM for AOT reports."""
+"""The one table of accelerator figures (`metrics/hardware.py`): peaks for MFU, HBM for AOT reports."""
 
 import types
 

@@ -1,4 +1,4 @@
-"""Finding collectives in compiled HLO text (`analysis/hlo.py`), on the printed forms XLA uses, and telling
+"""Finding collectives in compiled HLO text (`planning/hlo.py`), on the printed forms XLA uses, and telling
 in-slice (ICI) from cross-slice (DCN) ones for multislice meshes."""
 
 from __future__ import annotations

@@ -326,10 +326,10 @@ def inject_delays(monkeypatch, **settings) -> InjectedDelays:
             time.sleep(delays.eval_sec)
         return result if scripted_top1 is None else {**result, "eval_top1": next(scripted_top1)}
 
-    def save(self, *args):
+    def save(self, *args, **kwargs):
         with delays.timing("save"):
             time.sleep(delays.save_sec)
-            return real_save(self, *args)
+            return real_save(self, *args, **kwargs)
 
     def start(self, *args, **kwargs):
         delays.loop_starts.append(time.perf_counter())

@@ -1,4 +1,4 @@
-"""The planner's model (`analysis/planning.py`) and command (`python -m resnet_scaling.planner`): figures
+"""The planner's model (`planning/estimates.py`) and command (`python -m resnet_scaling.planner`): figures
 worked out by hand from MLPerf's published epochs and the case study's published pod time; the command
 compiling a TPU config itself is in tests/test_compile.py."""
 

@@ -1,4 +1,4 @@
-"""The step model (`analysis/step_model.py`): its roofline, collectives and fit worked out by hand or with
+"""The step model (`planning/step_model.py`): its roofline, collectives and fit worked out by hand or with
 NumPy, and its leave-one-out predictions of published TPU results it was not fitted to."""
 
 import json

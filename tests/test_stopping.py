@@ -1,5 +1,5 @@
 """Stop at any moment: a Ctrl-C or a SIGTERM in each phase of the demo's command ends it within seconds,
-in one line, without a traceback, leaving a workdir the same command resumes (host/stopping.py).
+in one line, without a traceback, leaving a workdir the same command resumes (job/stopping.py).
 
 Each launch runs `python -m resnet_scaling.train --config=demo` on a small shapes dataset, with
 `--verbosity=1` so that the log names each phase as it starts ("Phase: compiling the train step."). The

@@ -55,7 +55,7 @@ def test_a_launch_that_dies_before_its_first_checkpoint_counts_in_goodput(tmp_pa
     config = _config(training__num_train_steps=8, checkpoint__every_steps=100)
     real_save = checkpointing.Checkpointer.save
 
-    def die(self, step, state, clock):
+    def die(self, *args, **kwargs):
         raise RuntimeError("killed")
 
     steps_done = []

@@ -569,7 +569,7 @@ UNHASHED_FIELDS = ("recipe", "recipe_batch_size", "training.log_every_sec")
 
 def config_hash(config: ml_collections.ConfigDict) -> str:
     """A short hash of every setting's value (`UNHASHED_FIELDS` aside): the same for the same settings, in
-    any order of setting them (a shipped compile report records its config's, `analysis/shipped_reports.py`).
+    any order of setting them (a shipped compile report records its config's, `planning/shipped_reports.py`).
     """
     values = config.to_dict()
     for field in UNHASHED_FIELDS:

@@ -207,7 +207,7 @@ def batch_plan(config: ml_collections.ConfigDict, num_devices: int, num_local_de
 def batch_plan_for_mesh(config: ml_collections.ConfigDict, mesh: Mesh) -> BatchPlan:
     """The batch sizes of `config` on `mesh`, as seen from this process."""
     # jax only here, where there is a mesh: the rest is arithmetic that the planner
-    # (analysis/planning.py) uses without it.
+    # (planning/estimates.py) uses without it.
     from resnet_scaling.job import mesh as mesh_lib
 
     return batch_plan(config, mesh.size, *mesh_lib.process_layout(mesh))

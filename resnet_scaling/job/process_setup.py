@@ -59,7 +59,7 @@ def start_process(*, throughput_flags: bool = True, keep_freed_memory: bool = Tr
     if throughput_flags and (added := xla_flags.apply_throughput_flags()):
         logger.info("Throughput flags added: %s", added)
     if keep_freed_memory and xla_flags.detect_backend() == "cpu":
-        # Steps then run on this thread, whose heap keeps what a step frees for the next (host/memory.py).
+        # Steps then run on this thread, whose heap keeps what a step frees for the next (job/memory.py).
         jax.config.update("jax_cpu_enable_async_dispatch", False)
         host_memory.keep_freed_memory()
     try:

@@ -58,7 +58,7 @@ class CompileReport:
     flops_per_device: float
     flops_per_step: float
     # HBM bytes a device's step reads and writes (XLA's "bytes accessed" after fusion): with the FLOPs, the
-    # step's roofline where libtpu gives no estimate (analysis/step_model.py).
+    # step's roofline where libtpu gives no estimate (planning/step_model.py).
     bytes_accessed_per_device: float | None
     # libtpu's step estimate (`optimal_seconds`) and the FLOPs' time at peak: their ratio, how far from peak.
     estimated_step_sec: float | None

@@ -82,7 +82,7 @@ class StepProgram:
     def spec(self) -> hardware.DeviceSpec:
         spec = hardware.device_spec(self.device_kind)
         if spec is None or not spec.generation:
-            raise ValueError(f"no published figures for {self.device_kind!r} (analysis/hardware.py)")
+            raise ValueError(f"no published figures for {self.device_kind!r} (metrics/hardware.py)")
         return spec
 
     @property
