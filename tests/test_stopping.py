@@ -104,9 +104,9 @@ def dataset_cache(tmp_path_factory) -> pathlib.Path:
 
 @pytest.mark.slow
 def test_a_stop_before_training_ends_at_once_in_one_line(tmp_path, dataset_cache):
-    """Imports (SIGTERM), writing the generated dataset (SIGINT), compiling (SIGTERM): each ends within the
-    bound with its one line and status 0, leaves no lock and no half-written dataset, and the next launch
-    starts as if nothing had happened."""
+    """Imports (SIGTERM), writing the generated dataset (SIGINT), compiling (SIGTERM), setting up the input
+    (SIGINT): each ends within the bound with its one line and status 0, leaves no lock and no half-written
+    dataset, and the next launch starts as if nothing had happened."""
     workdir = tmp_path / "run"
     # The imports: a fraction of a second after the launch, long before JAX is loaded (a second or more).
     imports = Launch(_train_command(workdir, dataset_cache), tmp_path / "imports.log")
@@ -136,6 +136,14 @@ def test_a_stop_before_training_ends_at_once_in_one_line(tmp_path, dataset_cache
     # This launch wrote the dataset whole, removing what the stopped one had begun.
     left = os.listdir(dataset_cache)
     assert len(left) == 1 and left[0].startswith("shapes-"), left
+
+    # Setting up the input: TensorFlow's import points fd 2 elsewhere for a while (job/tf_import.py); the
+    # line still reaches the console.
+    setting_up = Launch(_train_command(workdir, dataset_cache), tmp_path / "setup.log")
+    phase = "setting up the devices, the input and the model"
+    elapsed = setting_up.signal_when(_phase_started(setting_up, phase), "the set-up", signal.SIGINT)
+    assert setting_up.proc.returncode == 0 and elapsed < STOP_BOUND_SEC, (elapsed, setting_up.text()[-3000:])
+    _assert_one_stop_line(setting_up.text(), signal.SIGINT, phase)
 
 
 @pytest.mark.slow

@@ -79,6 +79,7 @@ class StopSignals:
         self._previous_handlers: dict[int, Any] = {}
         self._wakeup: tuple[socket.socket, socket.socket] | None = None
         self._previous_wakeup_fd = -1
+        self._console_fd = 2
         self.signal_name: str | None = None
         self._first_signal_time = 0.0
         # Multi-process jobs: JAX's preemption notice (which picks one step for every process) listens to
@@ -101,6 +102,9 @@ class StopSignals:
         for signum in _SIGNALS if take_sigterm else (signal.SIGINT,):
             stop._previous_handlers[signum] = signal.signal(signum, stop._handle)
         if exit_process:
+            # The console as the command started: native code may point fd 2 elsewhere for a while (the
+            # TensorFlow import's filter, job/tf_import.py), and a stop then must still be seen.
+            stop._console_fd = os.dup(2)
             reader, writer = socket.socketpair()
             writer.setblocking(False)
             stop._wakeup = (reader, writer)
@@ -201,9 +205,22 @@ class StopSignals:
         elif phase.then is None and self._exit_process:
             self._stop_now(f"Stopped ({name}) while {phase.doing}: {self._safe}.", STOPPED_EXIT_STATUS)
         elif phase.then is not None:
-            _say(f"{name} while {phase.doing}: {phase.then} (Ctrl-C again stops at once).")
+            self._say(f"{name} while {phase.doing}: {phase.then} (Ctrl-C again stops at once).")
             if self.forward_sigint_as_sigterm and signum == signal.SIGINT:
                 os.kill(os.getpid(), signal.SIGTERM)
+
+    def _say(self, message: str) -> None:
+        """A stop's line. A command's goes straight to the console it started with, as the console shows a
+        line ("21:04:05 ..."), and to the log files: no logging lock, console handler or redirected fd 2
+        stands between the line and the user. Library code's: logged."""
+        if not self._exit_process:
+            logger.info("%s", message)
+            return
+        os.write(self._console_fd, f"{time.strftime('%H:%M:%S')} {message}\n".encode())
+        record = logger.makeRecord(logger.name, logging.INFO, __file__, 0, message, None, None)
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.FileHandler):  # WORKDIR/logs/, as every other line.
+                handler.handle(record)
 
     def _force_stop(self, phase: Phase) -> None:
         message = f"Stopped at once (a second Ctrl-C) while {phase.doing}: {FORCED_SAFE}."
@@ -219,7 +236,7 @@ class StopSignals:
         deadline = threading.Timer(EXIT_DEADLINE_SEC, os._exit, args=(status,))
         deadline.daemon = True
         deadline.start()
-        _say(message)
+        self._say(message)
         # The main thread runs on meanwhile: whatever it prints now (an error of a phase cut short) would
         # bury the line above. The log file keeps it.
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -240,15 +257,6 @@ class StopSignals:
         os._exit(status)
 
 
-def _say(message: str) -> None:
-    """The stop's line: through the library's logger once a command has set it up (console and log file),
-    else straight to stderr (during the imports nothing is set up yet)."""
-    library = logging.getLogger(__name__.split(".")[0])
-    if library.isEnabledFor(logging.INFO) and library.hasHandlers():
-        logger.info("%s", message)
-    else:
-        sys.stderr.write(f"{time.strftime('%H:%M:%S')} {message}\n")
-        sys.stderr.flush()
 
 
 @contextlib.contextmanager
