@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from resnet_scaling.data.base import DataError
+from resnet_scaling.job import workdir
 
 logger = logging.getLogger(__name__)
 
@@ -129,18 +130,8 @@ def _remove_abandoned_staging(parent: str) -> None:
     host = socket.gethostname()
     for name in os.listdir(parent):
         writer = name.removeprefix(f"{_STAGING_PREFIX}{host}-").split("-", 1)[0]
-        if name.startswith(_STAGING_PREFIX) and writer.isdigit() and not _process_alive(int(writer)):
+        if name.startswith(_STAGING_PREFIX) and writer.isdigit() and not workdir.process_alive(int(writer)):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # Another user's process.
-    return True
 
 
 def write_class_folders(root: str, splits: dict[str, tuple[np.ndarray, np.ndarray]],

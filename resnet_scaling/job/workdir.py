@@ -189,7 +189,8 @@ def describe_os_error(error: BaseException) -> str:
     return first_line[:300]
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -247,7 +248,7 @@ class WorkdirLock:
         if record.get("host") == socket.gethostname() and isinstance(record.get("pid"), int):
             if record.get("boot_id") and _boot_id() and record["boot_id"] != _boot_id():
                 return True  # The machine rebooted since: no process of that run survives.
-            if not _process_alive(record["pid"]):
+            if not process_alive(record["pid"]):
                 return True
             recorded, now = record.get("pid_start"), process_start_time(record["pid"])
             if isinstance(recorded, int) and now is not None:
