@@ -7,7 +7,7 @@ checkout: compare two commits side by side.
     python benchmarks/code_structure.py --root=/tmp/old --root=.  # two checkouts, one column each
 
 Definitions:
-- unit: a folder of `resnet_scaling/` or a top-level module (as tests/test_imports.py counts cycles);
+- unit: a folder of `resnet_scaling/` or a top-level module (as tests/project/test_imports.py counts cycles);
 - the loop: the function of `trainer.py` holding the `for step in ...` loop; its collaborators are the
   distinct names it calls a method on (`clock.start()`) or calls (`train_step_fn(...)`), other than
   modules, builtins and the logger;
@@ -81,8 +81,8 @@ def unit_of(path: Path, package: Path) -> str:
 
 
 def import_cycles(root: Path) -> list[list[str]]:
-    """The cycles between units, by tests/test_imports.py's reading of the checkout at `root`."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    """The cycles between units, by tests/project/test_imports.py's reading of the checkout at `root`."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "project"))
     import test_imports  # The test's own graph: one definition of "cycle between units".
 
     suite_package = test_imports.PACKAGE

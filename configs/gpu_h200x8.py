@@ -5,8 +5,7 @@ momentum 0.9, LR 0.1 x 4096 / 256 = 1.6, 5-epoch warm-up, x0.1 at epochs 30, 60,
 bfloat16 compute, batch norm over the global batch. 91 epochs as the case study: 28,464 steps.
 """
 
-from resnet_scaling.config import recipes
-from resnet_scaling.config import get_base_config
+from resnet_scaling.config import get_base_config, recipes
 
 
 def get_config():

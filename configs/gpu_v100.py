@@ -6,8 +6,7 @@ Goyal et al.'s linear scaling (LR 0.1 x 312 / 256 = 0.122, 5-epoch warm-up, x0.1
 epochs (90 measured + 1 warm-up): 373,674 steps, about 26 hours at the case study's ~1,230 images/s.
 """
 
-from resnet_scaling.config import recipes
-from resnet_scaling.config import get_base_config
+from resnet_scaling.config import get_base_config, recipes
 
 
 def get_config():

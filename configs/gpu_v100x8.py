@@ -7,8 +7,7 @@ linear scaling (LR 0.1 x 2496 / 256 = 0.975, 5-epoch warm-up, x0.1 at epochs 30,
 steps (the case study: ~213 minutes at ~8.5k images/s).
 """
 
-from resnet_scaling.config import recipes
-from resnet_scaling.config import get_base_config
+from resnet_scaling.config import get_base_config, recipes
 
 
 def get_config():

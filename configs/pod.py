@@ -14,8 +14,7 @@ Input: imagenet2012 prepared by TFDS (see docs/datasets.md); `--config.data.data
 names the TFDS data directory. `--config.data.source=synthetic` measures the model alone.
 """
 
-from resnet_scaling.config import recipes
-from resnet_scaling.config import get_base_config
+from resnet_scaling.config import get_base_config, recipes
 
 
 def get_config():

@@ -6,8 +6,7 @@ norm per core (128 images, as the TPUEstimator reference normalised each replica
 measured + 1 warm-up): 7,116 steps; the warm-up epoch is 78 steps (docs/case_study.md's table).
 """
 
-from resnet_scaling.config import recipes
-from resnet_scaling.config import get_base_config
+from resnet_scaling.config import get_base_config, recipes
 
 
 def get_config():

@@ -7,8 +7,7 @@ batch). 91 epochs (90 measured + 1 warm-up): 113,854 steps; the warm-up epoch is
 (docs/case_study.md's table).
 """
 
-from resnet_scaling.config import recipes
-from resnet_scaling.config import get_base_config
+from resnet_scaling.config import get_base_config, recipes
 
 
 def get_config():

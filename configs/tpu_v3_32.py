@@ -6,8 +6,7 @@ warm-up, x0.1 at epochs 30, 60, 80, weight decay 1e-4); bfloat16 compute, batch 
 91 epochs: 28,464 steps.
 """
 
-from resnet_scaling.config import recipes
-from resnet_scaling.config import get_base_config
+from resnet_scaling.config import get_base_config, recipes
 
 
 def get_config():

@@ -6,8 +6,7 @@ batch norm over the global batch. 91 epochs: 28,464 steps. JAX runs each chip as
 images a device), and so does the ahead-of-time compile (libtpu's megacore chip config).
 """
 
-from resnet_scaling.config import recipes
-from resnet_scaling.config import get_base_config
+from resnet_scaling.config import get_base_config, recipes
 
 
 def get_config():

@@ -14,8 +14,7 @@ group never leaves a slice.
 Compile it on any machine with libtpu: `python -m resnet_scaling.compile --config=tpu_v5e_2slices`.
 """
 
-from resnet_scaling.config import recipes
-from resnet_scaling.config import get_base_config
+from resnet_scaling.config import get_base_config, recipes
 
 
 def get_config():

@@ -7,8 +7,7 @@ the MLPerf pod runs used ~128-image groups, which a chip's batch cannot be split
 91 epochs: 3,558 steps.
 """
 
-from resnet_scaling.config import recipes
-from resnet_scaling.config import get_base_config
+from resnet_scaling.config import get_base_config, recipes
 
 
 def get_config():

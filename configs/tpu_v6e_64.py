@@ -9,8 +9,7 @@ ahead of time for `v6e:8x8`, so there is no compile report; the planner scales a
 same model to this chip instead (`analysis/planning.system_from_config`). On a v6e slice it trains as is.
 """
 
-from resnet_scaling.config import recipes
-from resnet_scaling.config import get_base_config
+from resnet_scaling.config import get_base_config, recipes
 
 
 def get_config():

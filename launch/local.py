@@ -11,7 +11,7 @@ interface only (JAX's default is every interface). Without --port, the launcher 
 SO_REUSEPORT (without listening) and holds it until the job ends: no other program, and no outgoing
 connection, can take it between the choice and process 0's start, and JAX's gRPC server, which sets
 SO_REUSEPORT too, binds beside it. With --cpu_devices_per_process, processes run on the CPU with that many
-devices each and gloo collectives, so the multi-process code paths run anywhere (tests/test_distributed.py
+devices each and gloo collectives, so the multi-process code paths run anywhere (tests/job/test_distributed.py
 uses this). Output lines are prefixed with the process id.
 
 If a process fails, the launcher names it (process id, OS pid, exit status or signal) and what that

@@ -61,8 +61,9 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.3)
 # Modules whose tests share an expensive module fixture (a TPU topology's compiled reports, a prepared
 # dataset, finished runs): one xdist worker runs all of a module's tests and builds its fixtures once,
 # where two workers would each build them.
-SHARED_FIXTURE_MODULES = ("tests/test_compile.py", "tests/test_evaluate.py", "tests/test_init_from.py",
-                          "tests/test_mlperf_log.py", "tests/test_prepare.py")
+SHARED_FIXTURE_MODULES = ("tests/planning/test_compile.py", "tests/inference/test_evaluate.py",
+                          "tests/checkpointing/test_init_from.py", "tests/metrics/test_mlperf_log.py",
+                          "tests/data/test_prepare.py")
 
 
 def _shared_fixture_module(nodeid: str) -> str | None:

@@ -32,7 +32,7 @@ def tiny_config(**overrides):
     config.eval.global_batch_size = 16
     config.eval.every_epochs = 0
     config.training.tensorboard = False  # Saves importing TensorFlow in every test process.
-    config.checkpoint.enabled = False  # tests/test_checkpointing.py turns it on where it matters.
+    config.checkpoint.enabled = False  # On where it matters: tests/checkpointing/.
     for key, value in overrides.items():
         if "__" in key:
             section, name = key.split("__")

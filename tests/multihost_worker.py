@@ -1,4 +1,4 @@
-"""One process of tests/test_distributed.py's runs: trains the tiny config, writes its final variables.
+"""One process of tests/job/test_distributed.py's runs: trains the tiny config, writes its final variables.
 
     python launch/local.py --num_processes=2 --cpu_devices_per_process=2 -- \
         python tests/multihost_worker.py --out=DIR

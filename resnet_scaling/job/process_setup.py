@@ -33,7 +33,8 @@ def start_host_compiler() -> None:
         # finds none and, before its logging is set up (no log-level variable reaches it), prints five lines
         # ("could not determine TPU accelerator type", "E0000 ... INVALID_ARGUMENT: unexpected worker
         # hostname", a "Source Location Trace"), then describes the topology anyway. A one-host slice's
-        # values keep it quiet; the compiled programs are the same (tests/test_compile.py compares them).
+        # values keep it quiet; the compiled programs are the same
+        # (tests/planning/test_compile.py compares them).
         os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
         os.environ.setdefault("TPU_HOST_BOUNDS", "1,1,1")
 

@@ -3,7 +3,7 @@
 Environment variables read once, when a backend initialises: the entry point applies them before anything
 touches JAX (`python -m resnet_scaling.train --nothroughput_flags` turns this off). A flag the user already
 put in XLA_FLAGS / LIBTPU_INIT_ARGS wins. Every flag name was checked against the XLA and libtpu this
-project pins (an unknown flag aborts start-up; tests/test_xla_flags.py checks them).
+project pins (an unknown flag aborts start-up; tests/job/test_xla_flags.py checks them).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ At 32k images per step the case study's authors normalised over groups of replic
 Under `jit` the batch is one global array sharded over `data` (device d holds rows [d*b, (d+1)*b)), so
 consecutive groups, [B, H, W, C] -> [G, B/G, H, W, C], are whole, consecutive devices; XLA's SPMD
 partitioner reduces a group's statistics only over its devices: none for one device's images, else a
-small all-reduce within the group (tests/test_batchnorm.py).
+small all-reduce within the group (tests/models/test_batchnorm.py).
 
 Same variables and numerics as `nn.BatchNorm`: parameter counts, checkpoints, torchvision import unchanged.
 """

@@ -1,0 +1,46 @@
+"""benchmarks/harness.py: what the benchmarks share (alternation, medians, ratios, JSON)."""
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def harness(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import harness
+
+    return harness
+
+
+def test_variants_alternate_within_each_repeat(harness):
+    calls = []
+    runs = harness.alternate({"a": lambda: calls.append("a") or len(calls),
+                              "b": lambda: calls.append("b") or len(calls)}, repeats=3)
+    assert calls == ["a", "b", "a", "b", "a", "b"]
+    assert runs == {"a": [1, 3, 5], "b": [2, 4, 6]}
+
+
+def test_a_ratio_is_the_median_of_the_ratios_within_each_repeat(harness):
+    fast, slow = [10.0, 30.0, 11.0, 12.0], [20.0, 33.0, 44.0, 12.0]
+    # Load that drifts between repeats cancels: not the ratio of the medians (20.5 / 26.5).
+    assert harness.median_ratio(fast, slow) == pytest.approx(np.median(np.divide(fast, slow)))
+    assert harness.medians({"fast": fast}) == {"fast": np.median(fast)}
+    with pytest.raises(ValueError):
+        harness.median_ratio([1.0], [1.0, 2.0])
+
+
+def test_the_json_records_where_it_was_measured_and_the_table_is_markdown(harness, tmp_path, capsys):
+    out = tmp_path / "new" / "folder" / "result.json"
+    harness.write_json(out, {"figure": 1.5, "environment": harness.environment(extra="x")})
+    written = json.loads(out.read_text())
+    assert written["figure"] == 1.5 and written["environment"]["extra"] == "x"
+    assert {"command", "date", "cpu_model", "cpu_count", "python"} <= set(written["environment"])
+    assert f"Wrote {out}" in capsys.readouterr().out
+    assert [p.name for p in out.parent.iterdir()] == ["result.json"]  # No temporary file left beside it.
+    assert harness.markdown_table(["a", "b"], [[1, "x"]]).splitlines() == ["| a | b |", "|---|---|",
+                                                                            "| 1 | x |"]

@@ -1,0 +1,267 @@
+"""What a user sees: the demo (what it learns from its JPEG files, its console: short, ending with the
+headline), a config file with overrides and the flags that bring back what the console hides, the TensorBoard
+tags, and progress for library users who configured no logging."""
+
+import datetime
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from resnet_scaling.training import trainer
+from tests.helpers import random_arrays, tiny_config, users_compile, without_suite_cache
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _cli_env():
+    # A user's environment: no fake devices, the repository importable as an installed package is.
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    return {**env, "PYTHONPATH": str(REPO)}
+
+
+@pytest.mark.slow
+def test_the_demo_command_learns_from_jpeg_files_and_prints_under_60_lines_ending_with_the_headline(tmp_path):
+    """The README's demo command, run by its short name from another directory, as a user would: the suite's
+    one run of the whole demo, so it also checks what the run learnt, read and measured."""
+    workdir, cache = tmp_path / "demo", tmp_path / "cache"
+    command = [sys.executable, "-m", "resnet_scaling.train", "--config=demo", f"--workdir={workdir}",
+               f"--config.data.cache_dir={cache}"]
+    # Compiled as a user's run is, with the workdir's compilation cache (not the suite's).
+    env = without_suite_cache(users_compile(_cli_env()))
+    start = time.perf_counter()
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    test_wall_sec = time.perf_counter() - start  # Measured here, apart from the trainer's clocks.
+    ended = datetime.datetime.now()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # Each console line is the local time of day and the message, without absl's prefix (level, date,
+    # thread id, file and line).
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert len(lines) < 60, "\n".join(lines)
+    assert all(re.match(r"\d\d:\d\d:\d\d ", line) for line in lines), "\n".join(lines)
+    assert not any(re.search(r"[IWEF]\d{4} |\.py:\d+\]", line) for line in lines), "\n".join(lines)
+    messages = [line.split(" ", 1)[1] for line in lines]
+    # The process ends soon after its last log line (the headline's), not half a minute later: that is how
+    # long deleting the tf.data training iterator could wait on its autotuning thread (data/pipeline.py,
+    # _delete_iterator).
+    last_line_at = datetime.time.fromisoformat(lines[-1].split(" ", 1)[0])
+    exit_sec = (ended - datetime.datetime.combine(ended.date(), last_line_at)).total_seconds() % 86400
+    assert exit_sec < 11, exit_sec  # 10 s, and the stamp's second rounded down.
+    # 6 epochs of 12,000 images at 128 a step: 562.5 steps, the last one partial.
+    headline_start = max(i for i, m in enumerate(messages) if m.startswith("Done: step 563 of 563"))
+    headline = messages[headline_start:]
+    top1 = re.fullmatch(r"  top-1: final (\d+\.\d\d)%, best (\d+\.\d\d)%", headline[1])
+    assert top1, headline[1]
+    # The README's figure is 98% top-1 on the held-out images, 10 classes (chance: 10%).
+    assert 90.0 <= float(top1[1]) <= float(top1[2]), headline[1]
+    assert "images/sec in the steady state" in headline[2]
+    assert headline[3].startswith("  time to 76.00% top-1: ") and "not reached" not in headline[3]
+    assert headline[4].startswith("  goodput: ") and "over 1 launch(es); badput: " in headline[4]
+    assert {m.split(":")[0].strip() for m in headline[5:]} == {
+        "summary", "TensorBoard", "checkpoints", "best weights", "exported weights"}
+    assert all(pathlib.Path(m.split(": ", 1)[1]).exists() for m in headline[5:])
+    # What the console leaves out by default (the flags of the next test bring it back): other libraries'
+    # INFO lines, the config, the allocator's setting (a debug line; the freed memory is kept, and set
+    # before JAX's backend started: no warning that it came too late).
+    assert not any("checkpoint_manager" in line or "E0000" in line or "oneDNN" in line for line in lines)
+    assert "crop_area_range" not in proc.stdout + proc.stderr
+    assert not any("what a step frees is kept for the next" in m or "glibc" in m for m in messages)
+    assert "asynchronous CPU dispatch is on" not in proc.stderr
+    # The set-up in words a newcomer reads once: the devices, the learning rate's warm-up and the untimed
+    # steps named apart, the compilation cache named once the run has started.
+    assert "Devices: 1 x cpu in 1 process; mesh axes {'data': 1}." in messages
+    assert any(m.startswith("Batch: 128 global, 128 per device; 563 steps") and
+               m.endswith("learning rate 0.05 at its peak after 46 warm-up steps.")
+               for m in messages), messages
+    assert "Timing: images/sec and time to accuracy are measured after step 94 (training.timing_warmup_*)." \
+        in messages
+    assert sum(f"compilation cache {workdir}/compilation_cache" in m for m in messages) == 1
+    # Progress at every log point: where it is, the loss, images/sec and the time left. Every 25 steps and
+    # at the end; on a machine slow enough, also 30 s after the last line (training.log_every_sec).
+    line = r"step (\d+)/563 \(epoch [\d.]+\): loss [\d.]+, .*, [\d.]+ images/sec, ETA \S+"
+    progress = [re.fullmatch(line, m) for m in messages if m.startswith("step ")]
+    logged = [int(p[1]) for p in progress if p]
+    assert all(progress) and logged == sorted(set(logged)) and {*range(25, 563, 25), 563} <= set(logged), \
+        messages
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert f"final {100 * summary['accuracy']['final_eval_top1']:.2f}%" in headline[1]
+    # The README's table of what the workdir holds names what is there: each path, and nothing left out.
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("The workdir holds what the run wrote"):].split("\n\n")[1]
+    listed = {re.sub(r"<[^>]+>", "*", name) for name in re.findall(r"`([^`]+)`", "\n".join(
+        row.split(" | ")[0] for row in table.splitlines()[2:]))}
+    assert all(list(workdir.glob(name.rstrip("/"))) for name in listed), listed
+    assert {p.name for p in workdir.iterdir()} <= {name.split("/")[0] for name in listed}, listed
+    assert json.loads((workdir / "config.json").read_text())["model"]["name"] == "resnet18"
+
+    # It read real files through the input pipeline: JPEGs in 10 class folders, written once into the
+    # cache, 12,000 to train on and 2,000 held out (the classes take turns: 1,200 and 200 each).
+    (root,) = cache.glob("shapes-*")
+    assert f"Input: class folders in {root}" in proc.stderr
+    # Written first, in about half a minute: the console's first line says so (it was silent until then).
+    assert messages[0] == f"Writing the demo dataset (14,000 JPEGs) to {root}, once; about 30 s.", messages[0]
+    for split, per_class in (("train", 1200), ("val", 200)):
+        folders = list((root / split).iterdir())
+        assert len(folders) == 10 and all(len(list(f.glob("*.jpg"))) == per_class for f in folders), split
+    assert next((root / "train").glob("*/*.jpg")).read_bytes()[:2] == b"\xff\xd8"  # A JPEG's first bytes.
+
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "loss" in r]
+    evals = [r for r in records if "eval_top1" in r]
+    # A log point every 25 steps and at the end (and any by time, as above); the training loss falls (2.3
+    # to 0.1 on this machine).
+    assert [r["step"] for r in train] == logged
+    assert train[-1]["loss"] < 0.2 * train[0]["loss"], [r["loss"] for r in train]
+    # An evaluation every 2 epochs (187.5 steps) and at the end, each of every held-out image once; the
+    # last is the headline's.
+    assert [(r["step"], r["eval_count"]) for r in evals] == [(188, 2000), (376, 2000), (563, 2000)]
+    assert evals[-1]["eval_top1"] == summary["accuracy"]["final_eval_top1"]
+    # Each log interval's seconds, and the seconds its images (128 a step) take at its images/sec, fit
+    # with all the others within the run's time as this test measured it.
+    interval_sec = implied_sec = 0.0
+    for previous, record in zip([{"step": 0}, *train], train, strict=False):
+        steps = record["step"] - previous["step"]
+        interval_sec += steps * record["sec_per_step"]
+        implied_sec += steps * 128 / record["images_per_sec"]
+    assert interval_sec < test_wall_sec and implied_sec < test_wall_sec
+    throughput = summary["throughput"]
+    assert throughput["steady_state_steps"] * 128 / throughput["images_per_sec"] < test_wall_sec
+
+
+@pytest.mark.slow
+def test_a_config_file_with_overrides_trains_and_flags_bring_back_what_the_console_hides(tmp_path):
+    """The config given as a file path (from the repository) with overrides, and the flags that undo the
+    console's defaults (the demo test above checks those defaults; test_command_line_edges checks
+    --print_config, which prints the config and exits): --verbosity=0 brings back other libraries' INFO
+    lines, --nokeep_freed_memory turns the kept memory off."""
+    workdir = tmp_path / "run"
+    args = ["--config=configs/demo.py", f"--workdir={workdir}", "--config.model.name=resnet_tiny",
+            "--config.data.num_train_examples=256", "--config.data.num_eval_examples=64",
+            "--config.training.num_train_steps=4", "--config.training.global_batch_size=32",
+            "--config.training.log_every_steps=2", "--config.eval.global_batch_size=32",
+            "--config.training.tensorboard=false", f"--config.data.cache_dir={tmp_path / 'cache'}",
+            "--verbosity=0", "--nokeep_freed_memory"]
+    proc = subprocess.run([sys.executable, "-m", "resnet_scaling.train", *args], cwd=REPO, env=_cli_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stderr
+    # The overrides: the model, the batch, the dataset's sizes and the run's length; progress every 2 steps.
+    assert json.loads((workdir / "config.json").read_text())["model"]["name"] == "resnet_tiny"
+    for expected in ("Devices: 1 x cpu", "32 global, 32 per device", "Compiled the train step",
+                     "step 4/4", "images/sec", "ETA", "over 64 images"):
+        assert expected in log, expected
+    steps = [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert steps[:2] == [2, 4]
+    # The flags.
+    assert "checkpoint_manager.py" in log
+    assert "what a step frees is kept for the next" not in proc.stdout + log
+
+
+def test_tensorboard_groups_train_and_eval_tags_and_holds_the_config(tmp_path):
+    from tensorboard.backend.event_processing import event_accumulator
+
+    config = tiny_config(training__tensorboard=True, eval__every_epochs=0.5)
+    trainer.train_and_evaluate(config, str(tmp_path), arrays=random_arrays())
+    events = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"),
+                                                size_guidance={event_accumulator.TENSORS: 0})
+    events.Reload()
+    tags = set(events.Tags()["tensors"])  # clu writes scalars and text as tensor summaries.
+    assert {"train/loss", "train/top1", "train/learning_rate", "train/images_per_sec", "eval/top1",
+            "eval/loss", "config"} <= tags
+    assert not {t for t in tags if t.endswith(("/step", "/eval_count", "/count"))}
+    assert "resnet_tiny" in events.Tensors("config")[0].tensor_proto.string_val[0].decode()
+
+
+def test_library_users_see_progress_without_configuring_logging(tmp_path):
+    """A plain script that calls train_and_evaluate, as research code does: no logging set up. Every line
+    starts with the time of day (absl's implicit `logging.basicConfig()` used to print them as
+    "INFO:resnet_scaling.training.trainer:step 4/4 ..."), once; `print(result)` is the few lines of the
+    headline."""
+    script = (
+        "from resnet_scaling.training import trainer\n"
+        "from tests.helpers import random_arrays, tiny_config\n"
+        f"result = trainer.train_and_evaluate(tiny_config(), {str(tmp_path)!r}, arrays=random_arrays())\n"
+        "print(result)\n"
+        "from resnet_scaling.metrics import console\n"
+        "console.show_progress()  # Idempotent: no second handler.\n"
+        "import logging\n"
+        "assert len(logging.getLogger('resnet_scaling').handlers) <= 1\n"
+    )
+    env = {**_cli_env(), "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ours = [line for line in proc.stderr.splitlines() if "step 4/4" in line or "Done: step" in line]
+    assert len(ours) == 2, proc.stderr[-3000:]  # Once each: not also through the root logger.
+    assert all(re.match(r"\d\d:\d\d:\d\d (step 4/4 \(epoch|Done: step 4 of 4)", line) for line in ours), ours
+    assert "INFO:resnet_scaling" not in proc.stderr
+    printed = proc.stdout.strip().splitlines()
+    assert printed[0].startswith("Done: step 4 of 4") and len(printed) <= 12, proc.stdout
+    assert any(line.strip().startswith("top-1: final") for line in printed), proc.stdout
+    assert str(tmp_path) in proc.stdout and "Array(" not in proc.stdout  # Where it saved; no arrays.
+
+
+def test_show_progress_prints_the_time_past_a_bare_basic_config_and_gives_way_to_a_configured_handler(
+        capsys):
+    """In-process, the two states of a script's logging: only absl's implicit `logging.basicConfig()` (our
+    line once, with the time), then a handler the user added (our lines go to it; ours is gone)."""
+    import io
+    import logging
+
+    from resnet_scaling.metrics import console
+
+    root, ours = logging.root, logging.getLogger("resnet_scaling")
+    root_handlers, our_handlers, our_level, our_propagate = (
+        root.handlers[:], ours.handlers[:], ours.level, ours.propagate)
+    try:
+        root.handlers, ours.handlers, ours.propagate = [], [], True
+        ours.setLevel(logging.NOTSET)
+        logging.basicConfig()  # What absl.logging.log calls when the root has no handler.
+        console.show_progress()
+        logging.getLogger("resnet_scaling.training.trainer").info("step 1/2")
+        assert re.fullmatch(r"\d\d:\d\d:\d\d step 1/2\n", capsys.readouterr().err)
+        stream = io.StringIO()
+        users = logging.StreamHandler(stream)
+        users.setFormatter(logging.Formatter("user: %(message)s"))
+        root.addHandler(users)
+        console.show_progress()  # The next run.
+        logging.getLogger("resnet_scaling.training.trainer").info("step 2/2")
+        assert stream.getvalue() == "user: step 2/2\n" and ours.handlers == []
+    finally:
+        root.handlers, ours.handlers, ours.propagate = root_handlers, our_handlers, our_propagate
+        ours.setLevel(our_level)
+
+
+def test_the_console_shows_the_time_and_the_message_and_names_other_libraries_warnings():
+    """absl's prefix ("I1205 18:31:42.725527 139642937236352 trainer.py:439] ") is gone from the console;
+    a warning or an error says so, with the library's name when it is another's, whose traceback is one
+    pointer to the log file (ours stays whole: it is the error the user reads)."""
+    import logging
+
+    from resnet_scaling.metrics.console import ConsoleFormatter
+
+    def record(name, level, message, exc_info=None):
+        made = logging.LogRecord(name, level, "trainer.py", 439, message, (), exc_info)
+        made.created = time.mktime((2026, 12, 5, 18, 31, 42, 0, 0, -1)) + 0.725
+        return made
+
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        failure = sys.exc_info()
+    formatter = ConsoleFormatter("/w/logs/h-1.log")
+    assert formatter.format(record("resnet_scaling.training.trainer", logging.INFO, "step 25/563")) == \
+        "18:31:42 step 25/563"
+    assert formatter.format(record("resnet_scaling.training.trainer", logging.WARNING, "Resuming")) == \
+        "18:31:42 warning: Resuming"
+    assert formatter.format(record("absl", logging.WARNING, "Variant folder")) == \
+        "18:31:42 warning (absl): Variant folder"
+    assert formatter.format(record("orbax.checkpoint.x", logging.ERROR, "save failed", failure)) == \
+        "18:31:42 error (orbax): save failed [traceback: /w/logs/h-1.log]"
+    ours = formatter.format(record("resnet_scaling.train", logging.ERROR, "The run failed:", failure))
+    assert ours.startswith("18:31:42 error: The run failed:\nTraceback") and ours.endswith("ValueError: boom")
