@@ -176,3 +176,13 @@ def load_benchmark(name: str):
     sys.modules.setdefault(name, module)
     spec.loader.exec_module(module)
     return module
+
+
+def checkpointer_of(workdir, config):
+    """The `Checkpointer` a run of `config` makes in `workdir` (its sections, as `training_setup.setup` reads
+    them)."""
+    from resnet_scaling import checkpointing
+    from resnet_scaling.training import sections
+
+    parts = sections.read(config)
+    return checkpointing.Checkpointer(str(workdir), parts.checkpoint, parts.record)

@@ -29,7 +29,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -121,15 +121,30 @@ def _read_meta(step_directory: epath.Path) -> dict[str, Any]:
     return ocp.JsonCheckpointHandler().restore(step_directory / "meta")
 
 
-def config_fingerprint(config: ml_collections.ConfigDict) -> dict[str, Any]:
-    """The values of `COMPATIBILITY_FIELDS` in `config`."""
-    return {field: config[field] for field in COMPATIBILITY_FIELDS}  # ConfigDict reads dotted keys.
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """What `config.checkpoint` asks of the `Checkpointer` (`sections.read`); when to save is the
+    `plan.LoopSchedule`'s."""
+
+    enabled: bool = True
+    keep: int = 3  # Newest full checkpoints kept.
+    keep_best: bool = True  # Also keep the best evaluation's checkpoint.
+    async_save: bool = True
+    export: bool = True  # The final parameters to WORKDIR/export at the end.
+    restart_from_scratch: bool = False  # Train from step 0 where no checkpoint of the workdir can be read.
 
 
-def changed_on_resume(saved_config: dict[str, Any], config: ml_collections.ConfigDict) -> dict[str, Any]:
-    """`{field: [checkpoint's value, config's value]}` for the `NOTABLE_FIELDS_ON_RESUME` that differ."""
+def config_fingerprint(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The values of `COMPATIBILITY_FIELDS` in a run's config (its JSON values, `sections.record`)."""
+    flat = traverse_util.flatten_dict(dict(run_config), sep=".")
+    return {field: flat.get(field) for field in COMPATIBILITY_FIELDS}
+
+
+def changed_on_resume(saved_config: Mapping[str, Any], run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """`{field: [checkpoint's value, config's value]}` for the `NOTABLE_FIELDS_ON_RESUME` that differ
+    (both configs as JSON values, `sections.record`)."""
     saved = traverse_util.flatten_dict(json.loads(json.dumps(saved_config, default=str)), sep=".")
-    current = traverse_util.flatten_dict(json.loads(config.to_json_best_effort()), sep=".")
+    current = traverse_util.flatten_dict(json.loads(json.dumps(run_config, default=str)), sep=".")
     notable = [k for k in current if any(k == f or k.startswith(f + ".") for f in NOTABLE_FIELDS_ON_RESUME)]
     return {k: [saved.get(k), current[k]] for k in notable if k in saved and saved[k] != current[k]}
 
@@ -145,9 +160,10 @@ def latest_saved_meta(workdir: str) -> dict[str, Any] | None:
     return None
 
 
-def check_compatible(saved: dict[str, Any], config: ml_collections.ConfigDict, directory: str) -> None:
-    """Raises `IncompatibleCheckpointError` naming every field where `config` differs from `saved`."""
-    current = config_fingerprint(config)
+def check_compatible(saved: dict[str, Any], run_config: Mapping[str, Any], directory: str) -> None:
+    """Raises `IncompatibleCheckpointError` naming every field where `run_config` (JSON values,
+    `sections.record`) differs from the checkpoint's fingerprint `saved`."""
+    current = config_fingerprint(run_config)
     differences = [f"{k}: checkpoint {saved[k]!r}, config {current[k]!r}"
                    for k in COMPATIBILITY_FIELDS if k in saved and saved[k] != current[k]]
     if differences:
@@ -164,12 +180,11 @@ def best_metric(metrics: dict[str, Any]) -> float:
     return float(metrics["eval_top1"])
 
 
-def _manager_options(config: ml_collections.ConfigDict | None = None) -> ocp.CheckpointManagerOptions:
-    """A run's manager options or, for `config=None`, a reader's (not orbax's `read_only`, which warns twice
+def _manager_options(c: CheckpointConfig | None = None) -> ocp.CheckpointManagerOptions:
+    """A run's manager options or, for `c=None`, a reader's (not orbax's `read_only`, which warns twice
     at every creation). `best_fn` makes orbax keep each step's metrics, so a relaunch still knows the best."""
-    if config is None:
+    if c is None:
         return ocp.CheckpointManagerOptions(create=False, best_fn=best_metric)
-    c = config.checkpoint
     policies = [ocp.checkpoint_managers.LatestN(n=c.keep)]
     if c.keep_best:
         policies.append(ocp.checkpoint_managers.BestN(get_metric_fn=best_metric, n=1,
@@ -201,18 +216,21 @@ def _evaluated_best(manager: ocp.CheckpointManager) -> int | None:
 class Checkpointer:
     """Saves and restores the train state under `workdir`; one per run, created on every process."""
 
-    def __init__(self, workdir: str, config: ml_collections.ConfigDict,
+    def __init__(self, workdir: str, options: CheckpointConfig, run_config: Mapping[str, Any],
                  class_names: Sequence[str] | None = None) -> None:
         """
         Args:
+          options: `config.checkpoint`'s section.
+          run_config: the run's whole config as JSON values (`sections.record`): each checkpoint keeps it,
+            with the fingerprint of its `COMPATIBILITY_FIELDS`, and the export beside the parameters.
           class_names: label i's name at i (the data source's), exported with the parameters; None: unnamed.
         """
-        self._config = config
+        self._options, self._run_config = options, run_config
         self._class_names = class_names
         root = workdir_lib.as_path(workdir)
         self._workdir = workdir
         self.directory = str(root / "checkpoints")
-        self._manager = ocp.CheckpointManager(self.directory, options=_manager_options(config),
+        self._manager = ocp.CheckpointManager(self.directory, options=_manager_options(options),
                                               item_names=("state", "meta"))
         self._export_directory = str(root / "export")
         self.last_started_step: int | None = None
@@ -231,11 +249,11 @@ class Checkpointer:
         if self.last_started_step is not None:
             self.wait()  # orbax's save() first waits for the previous one: name its failure as its own.
             self.check_saves()
-        meta = {"step": int(step), "config": config_fingerprint(self._config), "clock": clock,
-                "run_config": json.loads(self._config.to_json_best_effort()),
+        meta = {"step": int(step), "config": config_fingerprint(self._run_config), "clock": clock,
+                "run_config": self._run_config,
                 "fingerprints": state_checks.fingerprint(state), "evaluation_pending": evaluation_pending}
         # Empty metrics rank as never best (`best_metric`); none at all would make orbax warn at every save.
-        evaluated = eval_metrics if self._config.checkpoint.keep_best else None
+        evaluated = eval_metrics if self._options.keep_best else None
         metrics = {k: float(v) for k, v in (evaluated or {}).items() if k in ("eval_top1", "eval_loss")}
         # force: the run's `plan.LoopSchedule` decided to save. orbax's save-decision policies cover the
         # interval, but not the last step or each evaluation, and their preemption policy reads only JAX's
@@ -278,7 +296,7 @@ class Checkpointer:
             except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is skipped the same way.
                 self._quarantine(step, e)
                 continue
-            check_compatible(meta["config"], self._config, self.directory)
+            check_compatible(meta["config"], self._run_config, self.directory)
             try:
                 restored = self._manager.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(abstract_state)))["state"]
@@ -293,7 +311,7 @@ class Checkpointer:
                 continue
             return restored, meta
         quarantined = self.quarantined()
-        if quarantined and not self._config.checkpoint.restart_from_scratch:
+        if quarantined and not self._options.restart_from_scratch:
             # Checkpoints existed and none can be read: starting at step 0 would silently throw the run away.
             names = ", ".join(epath.Path(q).name for q in quarantined)
             raise UnreadableCheckpointsError(
@@ -351,7 +369,7 @@ class Checkpointer:
         if jax.process_index() == 0:
             write_class_names(self._export_directory, self._class_names)
             workdir_lib.write_text_atomically(epath.Path(self._export_directory) / "config.json",
-                                              json.dumps(self._config.to_dict(), indent=2, default=str))
+                                              json.dumps(self._run_config, indent=2, default=str))
         return self._export_directory
 
     def has_export(self) -> bool:
@@ -362,7 +380,7 @@ class Checkpointer:
         """Where the checkpoints, best and exported weights are, for the closing headline."""
         self.wait()  # The headline names complete checkpoints only.
         paths = {"checkpoints": self.directory}
-        if self._config.checkpoint.keep_best and (best := _evaluated_best(self._manager)) is not None:
+        if self._options.keep_best and (best := _evaluated_best(self._manager)) is not None:
             paths["best weights"] = str(epath.Path(self.directory) / str(best))
         if exported:
             paths["exported weights"] = self._export_directory

@@ -15,13 +15,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 import optax
 
 from resnet_scaling import checkpointing, models
-from resnet_scaling import config as config_lib
 from resnet_scaling import data as data_lib
+from resnet_scaling.config import evaluation as evaluation_lib
 from resnet_scaling.config import plan as plan_lib
 from resnet_scaling.job import mesh as mesh_lib
 from resnet_scaling.job import workdir as workdir_lib
@@ -29,10 +28,6 @@ from resnet_scaling.training import sections as sections_lib
 from resnet_scaling.training import steps, trainer
 
 logger = logging.getLogger(__name__)
-
-# Only where the images come from and how they are batched may differ from the run; the model is the run's.
-OVERRIDABLE_SECTIONS = ("data", "eval")
-
 
 def evaluate_workdir(
     workdir: str,
@@ -68,59 +63,23 @@ def evaluate_workdir(
     """
     variables, config, step = checkpointing.load_weights(workdir, weights)
     mesh = mesh_lib.create_mesh(-1, list(devices) if devices is not None else None)
-    config = evaluation_config(config, mesh.size, split=split, overrides=overrides,
-                               has_arrays=arrays is not None)
+    config = evaluation_lib.evaluation_config(config, mesh.size, split=split, overrides=overrides,
+                                              has_arrays=arrays is not None)
     batch = plan_lib.batch_plan_for_mesh(config, mesh)
     parts = sections_lib.read(config)
     source = data_lib.create_data_source(parts.data, mesh, _source_arrays(arrays), batch=batch,
                                          evaluation_only=True)
     if source.num_eval_examples == 0:
-        raise data_lib.DataError(f"The evaluation split ({split_name(config)}) holds no images.")
+        raise data_lib.DataError(f"The evaluation split ({split_name(parts.data)}) holds no images.")
     state = replicated_state(models.model_from_config(parts.model), variables, mesh)
     eval_step = steps.jit_eval_step(state, mesh, parts.step)
-    result = {"weights": weights, "split": split_name(config), "step": step,
+    result = {"weights": weights, "split": split_name(parts.data), "step": step,
               **trainer.timed_evaluate(eval_step, state, source), "num_devices": mesh.size}
     if write and jax.process_index() == 0:
         path = workdir_lib.as_path(workdir) / f"eval_{weights}_{_file_safe(result['split'])}.json"
         workdir_lib.write_text_atomically(path, json.dumps(result, indent=2))
         result["path"] = str(path)
     return result
-
-
-def evaluation_config(config: ml_collections.ConfigDict, num_devices: int, *, split: str | None = None,
-                      overrides: Mapping[str, Any] | None = None,
-                      has_arrays: bool = False) -> ml_collections.ConfigDict:
-    """A copy of a run's config, set up to evaluate on `num_devices` devices; validated.
-
-    Raises:
-      ConfigError: an override outside `data.*`/`eval.*` or of the wrong type, a split for a source
-        that is not TFDS, or an arrays run evaluated without arrays.
-    """
-    config = ml_collections.ConfigDict(config.to_dict())
-    if config.data.source == "arrays" and not has_arrays:
-        raise config_lib.ConfigError(
-            "config.data.source: this run was trained on in-memory arrays, which a command line cannot "
-            "pass; evaluate it from Python: evaluate_workdir(workdir, arrays=(eval_images, eval_labels)).")
-    for field, value in (overrides or {}).items():
-        _override(config, field, value)
-    if split is not None:
-        if config.data.source != "tfds":
-            raise config_lib.ConfigError(
-                f"config.data.eval_split: a split applies to TFDS sources only; this run reads "
-                f"{config.data.source!r} (override its location with data.folder or data.cache_dir).")
-        config.data.eval_split = split
-    eval_batch = config.eval.global_batch_size
-    if eval_batch % num_devices:
-        # The batch size changes how the split is cut, never the result; round it up to fit the mesh.
-        config.eval.global_batch_size = -(-eval_batch // num_devices) * num_devices
-        logger.info("Evaluation batch %d rounded up to %d for %d devices.", eval_batch,
-                    config.eval.global_batch_size, num_devices)
-    # Every source also sets up a training stream, never read here: sized to fit any mesh, without BN groups.
-    config.training.global_batch_size = config.eval.global_batch_size
-    config.model.bn_group_size = -1
-    config.data.synthetic_num_batches = 1
-    config_lib.validate(config, num_devices)
-    return config
 
 
 def replicated_state(model: models.ResNet, variables: Mapping[str, Any],
@@ -147,9 +106,9 @@ def format_result(result: Mapping[str, Any]) -> str:
             f"{int(result['eval_count'])} images ({result['eval_sec']:.1f}s)")
 
 
-def split_name(config: ml_collections.ConfigDict) -> str:
+def split_name(data: data_lib.DataConfig) -> str:
     """The evaluated split: the TFDS split, or "eval" for the other sources' evaluation images."""
-    return config.data.eval_split if config.data.source == "tfds" else "eval"
+    return data.eval_split if data.source == "tfds" else "eval"
 
 
 def _file_safe(name: str) -> str:
@@ -166,13 +125,3 @@ def _source_arrays(arrays: Sequence[np.ndarray] | None) -> tuple[np.ndarray, ...
                          f"{len(arrays)}.")
     images, labels = arrays[-2:]
     return images, labels, images, labels
-
-
-def _override(config: ml_collections.ConfigDict, field: str, value: Any) -> None:
-    """Sets `config.<field>` (`data.*` or `eval.*`) to `value`, parsed from a string where it is one."""
-    section, _, name = field.partition(".")
-    if section not in OVERRIDABLE_SECTIONS or name not in config.get(section, {}):
-        raise config_lib.ConfigError(
-            f"config.{field}: only existing data.* and eval.* fields can be overridden (the model is the "
-            "run's), e.g. data.data_dir, data.folder or eval.global_batch_size.")
-    config_lib.set_field(config, field, value)

@@ -20,6 +20,7 @@ times a run without restarts).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -28,13 +29,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import ml_collections
 import numpy as np
 from etils import epath
 from mlperf_logging.mllog import constants as mlc
 from mlperf_logging.mllog import mllog
 
-from resnet_scaling.config import fields as config_fields
 from resnet_scaling.config import plan as plan_lib
 
 logger = logging.getLogger(__name__)
@@ -64,45 +63,69 @@ def host_value(value: Any) -> Any:
                     f"{value!r}.")
 
 
-def _warmup_epochs(config: ml_collections.ConfigDict, plan: plan_lib.TrainingPlan) -> float:
-    """The warm-up as the config gives it, in epochs (a warm-up given in steps or images is converted)."""
-    if config_fields.set_duration_field(config, config_fields.WARMUP) == "schedule.warmup_epochs":
-        return float(config.schedule.warmup_epochs)
-    return plan.epoch_length.epochs(plan.warmup_exact_steps)
+@dataclasses.dataclass(frozen=True)
+class MLPerfConfig:
+    """What the MLPerf log records and when MLPerf's clock stops: `config.mlperf` and the recipe's values
+    that MLPerf's rules name (`sections.read`); sizes and durations are the plan's.
+
+    Attributes:
+      enabled: MLPerf mode (evaluations by epochs, a stop at `target_top1`).
+      warmup_epochs: the warm-up as the config gives it in epochs; None where it is given in steps or
+        images (then the plan's warm-up steps in epochs).
+      submission_platform: the submitter's name for the system; "" logs the devices.
+    """
+
+    enabled: bool = False
+    target_top1: float = 0.759
+    eval_every_epochs: int = 4
+    caches_cleared: bool = False
+    submission_org: str = ""
+    submission_platform: str = ""
+    submission_division: str = "closed"
+    submission_status: str = "research"
+    seed: int = 0
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    lars_epsilon: float = 0.0
+    schedule: str = "cosine"
+    end_learning_rate: float = 0.0
+    polynomial_power: float = 2.0
+    warmup_epochs: float | None = None
 
 
-def hyperparameters(config: ml_collections.ConfigDict, plan: plan_lib.TrainingPlan) -> dict[str, Any]:
+def hyperparameters(m: MLPerfConfig, plan: plan_lib.TrainingPlan) -> dict[str, Any]:
     """The run's MLPerf keys besides the submission's, as the recipe sets them.
 
     "lars" and "optax_lars" log the eight `lars_*` keys of MLPerf's LARS rules, "sgd" the `sgd_*` ones
     with `opt_learning_rate_warmup_epochs`. No `*_decay_poly_power` without a polynomial decay, and no
     `*_end_learning_rate` for piecewise or constant: the checker then says the run is not MLPerf's recipe.
     """
-    o, s = config.optimizer, config.schedule
     keys: dict[str, Any] = {
-        mlc.SEED: config.seed,
+        mlc.SEED: m.seed,
         mlc.GLOBAL_BATCH_SIZE: plan.global_batch_size,
         mlc.TRAIN_SAMPLES: plan.num_train_examples,
         mlc.EVAL_SAMPLES: plan.num_eval_examples,
         mlc.GRADIENT_ACCUMULATION_STEPS: 1,  # Every step applies its own gradients.
         mlc.MODEL_BN_SPAN: plan.bn_group_size or plan.global_batch_size,  # Images per batch-norm group.
-        mlc.OPT_NAME: o.name,
+        mlc.OPT_NAME: m.optimizer,
     }
-    prefix = "lars" if o.name in ("lars", "optax_lars") else o.name
+    prefix = "lars" if m.optimizer in ("lars", "optax_lars") else m.optimizer
     keys[f"{prefix}_opt_base_learning_rate"] = plan.peak_learning_rate
-    if s.name in ("polynomial", "cosine"):
-        keys[f"{prefix}_opt_end_learning_rate"] = s.end_learning_rate
-    if s.name == "polynomial":
-        keys[f"{prefix}_opt_learning_rate_decay_poly_power"] = s.polynomial_power
+    if m.schedule in ("polynomial", "cosine"):
+        keys[f"{prefix}_opt_end_learning_rate"] = m.end_learning_rate
+    if m.schedule == "polynomial":
+        keys[f"{prefix}_opt_learning_rate_decay_poly_power"] = m.polynomial_power
         keys[f"{prefix}_opt_learning_rate_decay_steps"] = plan.polynomial_decay_steps
     else:
         keys[f"{prefix}_opt_learning_rate_decay_steps"] = plan.total_steps - plan.warmup_steps
     warmup_key = mlc.LARS_OPT_LEARNING_RATE_WARMUP_EPOCHS if prefix == "lars" else mlc.OPT_LR_WARMUP_EPOCHS
-    keys[warmup_key] = _warmup_epochs(config, plan)
-    keys[f"{prefix}_opt_momentum"] = o.momentum
-    keys[f"{prefix}_opt_weight_decay"] = o.weight_decay
+    keys[warmup_key] = (m.warmup_epochs if m.warmup_epochs is not None
+                        else plan.epoch_length.epochs(plan.warmup_exact_steps))
+    keys[f"{prefix}_opt_momentum"] = m.momentum
+    keys[f"{prefix}_opt_weight_decay"] = m.weight_decay
     if prefix == "lars":
-        keys[mlc.LARS_EPSILON] = o.get("lars_epsilon", 0.0)
+        keys[mlc.LARS_EPSILON] = m.lars_epsilon
     return keys
 
 
@@ -132,12 +155,12 @@ class _Sink(logging.Handler):
 class MLPerfLog:
     """One launch's MLPerf log and MLPerf's clock (run_start to run_stop, in the log's own milliseconds)."""
 
-    def __init__(self, workdir: str, config: ml_collections.ConfigDict, plan: plan_lib.TrainingPlan,
+    def __init__(self, workdir: str, settings: MLPerfConfig, plan: plan_lib.TrainingPlan,
                  schedule: plan_lib.LoopSchedule, *, write: bool, start_step: int = 0) -> None:
         self.path = os.path.join(workdir, MLPERF_LOG_FILENAME)
-        self._plan, self._schedule = plan, schedule
-        self._mode = bool(config.mlperf.enabled)
-        self._target = float(config.mlperf.target_top1)
+        self._settings, self._plan, self._schedule = settings, plan, schedule
+        self._mode = settings.enabled
+        self._target = settings.target_top1
         self._start_step = start_step
         self._sink = _Sink(epath.Path(self.path)) if write else None
         self._mllogger = None
@@ -162,10 +185,10 @@ class MLPerfLog:
                          metadata=host_value(dict(metadata)) if metadata else None)
         return time_ms
 
-    def init_start(self, config: ml_collections.ConfigDict, platform: str, launch_start_wall: float) -> None:
+    def init_start(self, platform: str, launch_start_wall: float) -> None:
         """cache_clear, init_start (at `launch_start_wall`, the launch's first second) and every key of the
         submission and the recipe. `platform`: the devices, for an unset `mlperf.submission_platform`."""
-        m = config.mlperf
+        m = self._settings
         self._emit("event", mlc.CACHE_CLEAR, bool(m.caches_cleared))
         self._ms["init_start"] = self._emit("start", mlc.INIT_START, time_ms=int(launch_start_wall * 1000))
         for key, value in ((mlc.SUBMISSION_BENCHMARK, mlc.RESNET),
@@ -173,9 +196,9 @@ class MLPerfLog:
                            (mlc.SUBMISSION_DIVISION, m.submission_division),
                            (mlc.SUBMISSION_STATUS, m.submission_status),
                            (mlc.SUBMISSION_PLATFORM,
-                            m.submission_platform or config.system.name or platform)):
+                            m.submission_platform or platform)):
             self._emit("event", key, value)
-        for key, value in hyperparameters(config, self._plan).items():
+        for key, value in hyperparameters(m, self._plan).items():
             self._emit("event", key, value)
 
     def run_start(self) -> None:

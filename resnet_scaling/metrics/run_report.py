@@ -9,13 +9,13 @@ summary. Only process 0 (`write=True`) logs at INFO and writes files; every proc
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import jax
-import ml_collections
 
 from resnet_scaling.config import plan as plan_lib
 from resnet_scaling.metrics import mlperf_log
@@ -31,12 +31,31 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+@dataclasses.dataclass(frozen=True)
+class ReportConfig:
+    """What a run's report needs of its config (`sections.read`).
+
+    Attributes:
+      target_top1: `eval.target_top1`, the top-1 whose first evaluation at or above it is timed.
+      tensorboard: `training.tensorboard`: TensorBoard files beside metrics.jsonl.
+      mlperf: the MLPerf log's settings.
+      record: the whole config as JSON values (`sections.record`), the summary's copy.
+      config_text: the config as text (ConfigDict's YAML), TensorBoard's copy.
+    """
+
+    target_top1: float
+    tensorboard: bool
+    mlperf: mlperf_log.MLPerfConfig
+    record: Mapping[str, Any]
+    config_text: str
+
+
 class RunReport:
     """The accounts of one launch, resumed from a checkpoint's clocks where there is one.
 
     Args:
       workdir: where process 0 writes metrics.jsonl, TensorBoard files and mlperf_log.txt.
-      config: the run's config (the MLPerf settings, TensorBoard, the summary's copy).
+      settings: what the report needs of the run's config (`ReportConfig`).
       plan: the run's plan; schedule: when it evaluates and stops (`plan.loop_schedule`).
       mesh: the devices (named in the MLPerf log and the summary).
       goodput: this launch's goodput account, on record since the launch started; the report keeps it.
@@ -51,15 +70,15 @@ class RunReport:
       files: name -> path of the files process 0 wrote for a person to open (after `finish`).
     """
 
-    def __init__(self, workdir: str, config: ml_collections.ConfigDict, plan: plan_lib.TrainingPlan,
+    def __init__(self, workdir: str, settings: ReportConfig, plan: plan_lib.TrainingPlan,
                  schedule: plan_lib.LoopSchedule, mesh: jax.sharding.Mesh, goodput: GoodputRecorder, *,
                  saved_clock: Mapping[str, Any] | None, start_step: int, launch_start_wall: float,
                  write: bool) -> None:
-        self._workdir, self._config, self._plan, self._schedule, self._mesh = (
-            workdir, config, plan, schedule, mesh)
+        self._workdir, self._settings, self._plan, self._schedule, self._mesh = (
+            workdir, settings, plan, schedule, mesh)
         self._goodput, self._write, self._start_step = goodput, write, start_step
         self._log = logger.info if write else logger.debug
-        self._clock = RunClock(plan.global_batch_size, plan.timing_warmup_steps, config.eval.target_top1,
+        self._clock = RunClock(plan.global_batch_size, plan.timing_warmup_steps, settings.target_top1,
                               saved_clock, launch_start_wall, goodput)
         goodput.started(start_step)
         stopped_at = self._clock.mlperf_stop_step
@@ -68,16 +87,16 @@ class RunReport:
             self._log("This MLPerf-mode run reached MLPerf's target top-1 at step %d and stopped: nothing to "
                       "train.", stopped_at)
         # A launch with nothing left to train adds nothing to the MLPerf log.
-        self._mlperf = mlperf_log.MLPerfLog(workdir, config, plan, schedule, start_step=start_step,
+        self._mlperf = mlperf_log.MLPerfLog(workdir, settings.mlperf, plan, schedule, start_step=start_step,
                                             write=write and start_step < self.last_step)
         device = mesh.devices.flat[0]
-        self._mlperf.init_start(config, f"{mesh.size}x{device.device_kind}", launch_start_wall)
+        self._mlperf.init_start(f"{mesh.size}x{device.device_kind}", launch_start_wall)
         if schedule.stop_at_target:
             points = schedule.eval_after_steps or ()
             self._log("MLPerf mode: evaluations after steps %s (every %d epochs by images seen), a stop at "
                       "the first at or above top-1 %.3f; MLPerf log %s.",
                       ", ".join(map(str, points[:3])) + (", ..." if len(points) > 3 else ""),
-                      config.mlperf.eval_every_epochs, config.mlperf.target_top1, self._mlperf.path)
+                      settings.mlperf.eval_every_epochs, settings.mlperf.target_top1, self._mlperf.path)
         self._buffer = MetricsBuffer()
         self._interval_first_step = start_step + 1
         self._last_line_time = time.monotonic()  # Of the last progress or evaluation line.
@@ -89,8 +108,9 @@ class RunReport:
     def start(self, compile_sec: float) -> None:
         """The training loop starts: the metric files open (process 0), MLPerf's clock and the run's start."""
         if self._write:
-            self._writers = MetricWriters(self._workdir, tensorboard=self._config.training.tensorboard,
-                                          config_text=str(self._config), resume_step=self._start_step)
+            self._writers = MetricWriters(self._workdir, tensorboard=self._settings.tensorboard,
+                                          config_text=self._settings.config_text,
+                                          resume_step=self._start_step)
         self._mlperf.run_start()
         self._clock.start(compile_sec)
         self._last_line_time = time.monotonic()
@@ -171,12 +191,12 @@ class RunReport:
             epoch, top1 = self._plan.epoch_length.epochs(step), record["eval_top1"]
             reached = self._clock.evaluated(step, epoch, top1)
             stops = bool(self._mlperf.eval_stop(step, top1) and self._schedule.stop_at_target)
-            mlperf_stop = (f"MLPerf's target top-1 {self._config.mlperf.target_top1:.4f} at epoch "
+            mlperf_stop = (f"MLPerf's target top-1 {self._settings.mlperf.target_top1:.4f} at epoch "
                            f"{self._mlperf.epoch_num(step):.3f} by images seen: the run stops (MLPerf mode)"
                            if stops else "")
             if reached:  # Both targets at one evaluation (0.76 and MLPerf's 0.759): one line, not two.
                 self._log("Reached the target top-1 %.4f at step %d (epoch %.2f): %.1fs timed, %.1fs wall%s.",
-                          self._config.eval.target_top1, step, epoch, self._clock.timed_sec(),
+                          self._settings.target_top1, step, epoch, self._clock.timed_sec(),
                           self._clock.wall_sec(), f"; and {mlperf_stop}" if mlperf_stop else "")
             self._log("eval at step %d: loss %.4f, top1 %.4f, top5 %.4f over %d images (%.1fs)", step,
                       record["eval_loss"], record["eval_top1"], record["eval_top5"], record["eval_count"],
@@ -240,7 +260,7 @@ class RunReport:
             utilisation=utilisation(flops_per_device, sec_per_step, mesh.size, device.device_kind),
             goodput=self._goodput.summary(),
             mlperf=self._mlperf.summary(),
-            config=self._config.to_dict())
+            config=dict(self._settings.record))
 
     def close(self) -> None:
         """MLPerf's run_stop(aborted) if an error ended the run; the metric files closed."""

@@ -17,7 +17,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import jax
@@ -37,6 +37,7 @@ from resnet_scaling.job.errors import RunError
 from resnet_scaling.metrics import compiled as compiled_lib
 from resnet_scaling.metrics import console, profiling, run_report
 from resnet_scaling.metrics.summary import SUMMARY_FILENAME
+from resnet_scaling.training import sections as sections_lib
 from resnet_scaling.training import steps, training_setup
 
 logger = logging.getLogger(__name__)
@@ -157,7 +158,7 @@ def train_and_evaluate(
     workdir_lib.check_writable(workdir)
     saved = checkpointing.latest_saved_meta(workdir) if config.checkpoint.enabled else None
     if saved is not None:
-        checkpointing.check_compatible(saved["config"], config,
+        checkpointing.check_compatible(saved["config"], sections_lib.record(config),
                                        str(workdir_lib.as_path(workdir) / "checkpoints"))
     # What a stop before the first step leaves (`stopping`): the newest checkpoint, untouched.
     stopping.set_safe(f"its checkpoint of step {saved['step']} is intact; rerun the same command to resume"
@@ -165,7 +166,8 @@ def train_and_evaluate(
                       "nothing to save before the first step; rerun the same command to start")
     with _locked_workdir(workdir):
         try:
-            return _train(config, workdir, arrays, devices, launch_start_wall)
+            return _train(functools.partial(training_setup.setup, config, devices=devices, arrays=arrays),
+                          workdir, launch_start_wall)
         except Exception as e:
             # Any write may be the first to meet a full disk; orbax wraps the OSError in a ValueError.
             if isinstance(e, RunError) or not workdir_lib.is_storage_full(e):
@@ -201,20 +203,21 @@ def _locked_workdir(workdir: str) -> Iterator[None]:
             lock.release()
 
 
-def _train(config: ml_collections.ConfigDict, workdir: str,
-           arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None,
-           devices: list[jax.Device] | None, launch_start_wall: float) -> TrainResult:
-    """Sets the launch up, then trains its steps, evaluating, saving and stopping as the schedule says."""
+def _train(build: Callable[[], training_setup.TrainingSetup], workdir: str,
+           launch_start_wall: float) -> TrainResult:
+    """Sets the launch up (`build()`: the run's `setup`), then trains its steps, evaluating, saving and
+    stopping as the schedule says."""
     with stopping.phase("setting up the run"):  # The phases inside say more.
-        launch = _launch(config, workdir, arrays, devices, launch_start_wall)
+        launch = _launch(build, workdir, launch_start_wall)
         if isinstance(launch, TrainResult):
             return launch  # The workdir's run had already finished.
         schedule, report, state, start_step = launch.schedule, launch.report, launch.state, launch.start_step
         batches, batch, train_step = launch.batches, launch.first_batch, launch.train_step
+        parts = launch.run.sections
         checkpoints = _Checkpoints(launch.checkpointer, state, start_step, launch.log,
-                                   export=bool(config.checkpoint.export),
-                                   max_param_norm_growth=config.training.max_param_norm_growth)
-        hooks = _step_hooks(tuple(config.training.profile_steps), workdir, write=launch.is_writer)
+                                   export=parts.checkpoint.export,
+                                   max_param_norm_growth=parts.loop.max_param_norm_growth)
+        hooks = _step_hooks(parts.loop.profile_steps, workdir, write=launch.is_writer)
     report.start(launch.compile_sec)
     preempted = stopped = False  # stopped: MLPerf mode, an evaluation reached MLPerf's target.
     files: dict[str, str] = {}  # What process 0 wrote, named in the headline.
@@ -316,25 +319,26 @@ class _Launch:
         return timed_evaluate(self.run.eval_step, state, self.run.source, abandon=abandon)
 
 
-def _launch(config: ml_collections.ConfigDict, workdir: str,
-            arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None,
-            devices: list[jax.Device] | None, launch_start_wall: float) -> _Launch | TrainResult:
-    """The launch's set-up: mesh, data, state (restored from the newest checkpoint), its report and its
-    compiled step; or the finished run's result, where the workdir's run had reached its last step."""
+def _launch(build: Callable[[], training_setup.TrainingSetup], workdir: str,
+            launch_start_wall: float) -> _Launch | TrainResult:
+    """The launch's set-up (`build()`: mesh, data, state), the state restored from the newest checkpoint,
+    its report and its compiled step; or the finished run's result, where the workdir's run had reached
+    its last step."""
     is_writer = jax.process_index() == 0
     # On record from the launch's first moment: one that dies in its set-up still counts in goodput.
     goodput = metrics_lib.GoodputRecorder(workdir, None, launch_start_wall, write=is_writer)
     try:
         with stopping.phase("setting up the devices, the input and the model"):
-            run = training_setup.setup(config, devices=devices, arrays=arrays)
+            run = build()
     except RunError:
         goodput.forget()  # A refused config or dataset: not a launch of the run.
         raise
-    plan, source = run.plan, run.source
+    plan, source, parts = run.plan, run.source, run.sections
     log = logger.info if is_writer else logger.debug
     _log_setup(log, run)
-    checkpointer = (checkpointing.Checkpointer(workdir, config, class_names=source.class_names)
-                    if config.checkpoint.enabled else None)
+    checkpointer = (checkpointing.Checkpointer(workdir, parts.checkpoint, parts.record,
+                                               class_names=source.class_names)
+                    if parts.checkpoint.enabled else None)
     with stopping.phase("restoring the newest checkpoint"):
         state, saved_meta = _restore(checkpointer, run.state, plan, log)
     start_step = int(state.step)
@@ -348,18 +352,18 @@ def _launch(config: ml_collections.ConfigDict, workdir: str,
             goodput.forget()
             return finished
     if is_writer:  # After the checks above: config.json never records settings that trained no step.
-        _write_config(workdir, config)
+        _write_config(workdir, parts.record)
         # Beside the checkpoints, which then need no copy each: the best weights' predictions are named too.
         checkpointing.write_class_names(workdir, source.class_names)
         if saved_meta:
-            _record_changes_on_resume(workdir, saved_meta, config, start_step)
-    schedule = plan_lib.loop_schedule(config, plan)
-    report = run_report.RunReport(workdir, config, plan, schedule, run.mesh, goodput,
+            _record_changes_on_resume(workdir, saved_meta, parts.record, start_step)
+    schedule = run.schedule
+    report = run_report.RunReport(workdir, parts.report, plan, schedule, run.mesh, goodput,
                                   saved_clock=saved_meta.get("clock") if saved_meta else None,
                                   start_step=start_step, launch_start_wall=launch_start_wall, write=is_writer)
     # MLPerf mode: no training data before run_start; the step compiles on the batch's shapes.
     with stopping.phase("reading the first batch"):
-        batches = None if config.mlperf.enabled else source.train_batches(start_step=start_step)
+        batches = None if parts.report.mlperf.enabled else source.train_batches(start_step=start_step)
         batch = None if batches is None else next(batches)
     with stopping.phase("compiling the train step"):
         train_step, compile_sec = run.compile_train_step(state, batch)
@@ -495,10 +499,10 @@ def _log_compiled(log: Callable[..., None], compiled: Any, compile_sec: float) -
         f"; compilation cache {cache}" if cache else "")
 
 
-def _record_changes_on_resume(workdir: str, saved_meta: dict[str, Any], config: ml_collections.ConfigDict,
+def _record_changes_on_resume(workdir: str, saved_meta: dict[str, Any], run_config: Mapping[str, Any],
                               step: int) -> None:
     """Logs the settings that differ from the checkpoint's run, and appends them to config_changes.jsonl."""
-    changes = checkpointing.changed_on_resume(saved_meta["run_config"], config)
+    changes = checkpointing.changed_on_resume(saved_meta["run_config"], run_config)
     if not changes:
         return
     logger.warning("Resuming at step %d with changed settings: %s.", step,
@@ -514,10 +518,10 @@ def _record_changes_on_resume(workdir: str, saved_meta: dict[str, Any], config: 
     path.write_text(previous + json.dumps(record) + "\n")
 
 
-def _write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+def _write_config(workdir: str, run_config: Mapping[str, Any]) -> None:
     """WORKDIR/config.json: the config of the run's latest launch (the console shows it only when asked)."""
     workdir_lib.write_text_atomically(workdir_lib.as_path(workdir) / "config.json",
-                                      config.to_json_best_effort(indent=2) + "\n")
+                                      json.dumps(run_config, indent=2) + "\n")
 
 
 def _abstract(state: steps.TrainState) -> Any:
@@ -532,7 +536,7 @@ def _log_headline(summary: dict[str, Any], paths: dict[str, str]) -> None:
 
 
 def _log_setup(log: Callable[..., None], run: training_setup.TrainingSetup) -> None:
-    plan, mesh, config = run.plan, run.mesh, run.config
+    plan, mesh, model = run.plan, run.mesh, run.sections.model
     device = mesh.devices.flat[0]
     processes = jax.process_count()
     log("Devices: %d x %s in %d process%s; mesh axes %s.", mesh.size, device.device_kind, processes,
@@ -543,11 +547,11 @@ def _log_setup(log: Callable[..., None], run: training_setup.TrainingSetup) -> N
         plan.warmup_steps)
     log("Timing: images/sec and time to accuracy are measured after step %d (training.timing_warmup_*).",
         plan.timing_warmup_steps)
-    eval_batch, configured = plan.batch.eval_global_batch_size, config.eval.global_batch_size
+    eval_batch = plan.batch.eval_global_batch_size
+    configured = run.sections.record["eval"]["global_batch_size"]
     log("Evaluation: %d images in %d step(s) of %d%s.", plan.num_eval_examples, plan.eval_steps, eval_batch,
         "" if eval_batch == configured else f" (eval.global_batch_size {configured}, fitted to the set)")
-    log("Model: %s, %s parameters, compute dtype %s.", config.model.name, f"{run.num_params:,}",
-        config.model.compute_dtype)
+    log("Model: %s, %s parameters, compute dtype %s.", model.name, f"{run.num_params:,}", model.compute_dtype)
 
 
 class StepsInFlight(StepHook):

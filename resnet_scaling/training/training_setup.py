@@ -38,6 +38,7 @@ class TrainingSetup:
       sections: its typed sections, what the model, optimizer, schedule, input and steps were built from.
       mesh: the device mesh (`data` axis).
       plan: every derived size and duration.
+      schedule: when the loop logs, evaluates, saves and stops (`plan.loop_schedule`).
       source: None for an abstract setup (no data is read).
       shaped_batch: the training batch as ShapeDtypeStructs with its sharding (what every source yields).
       model: the ResNet, with the plan's batch-norm groups.
@@ -51,6 +52,7 @@ class TrainingSetup:
     sections: sections_lib.Sections
     mesh: jax.sharding.Mesh
     plan: plan_lib.TrainingPlan
+    schedule: plan_lib.LoopSchedule
     source: data_lib.DataSource | None
     shaped_batch: dict[str, jax.ShapeDtypeStruct]
     model: models.ResNet
@@ -131,7 +133,8 @@ def setup(config: ml_collections.ConfigDict, *, devices: Sequence[jax.Device] | 
         state = init_from.initialise_from_config(state, parts.model, model)
     step_config = parts.step
     return TrainingSetup(
-        config=config, sections=parts, mesh=mesh, plan=plan, source=source,
+        config=config, sections=parts, mesh=mesh, plan=plan, schedule=plan_lib.loop_schedule(config, plan),
+        source=source,
         shaped_batch=data_lib.shaped_train_batch(batch, config.data.image_size, mesh), model=model,
         learning_rate_fn=learning_rate_fn, optimizer=optimizer, state=state, step_config=step_config,
         train_step=steps.jit_train_step(state, mesh, learning_rate_fn, step_config, step_fn=train_step_fn),

@@ -19,7 +19,14 @@ from resnet_scaling import checkpointing
 from resnet_scaling.checkpointing import divergence
 from resnet_scaling.job import mesh
 from resnet_scaling.training import trainer
-from tests.helpers import launch_xla_flags, model_of, random_arrays, tiny_config, users_compile
+from tests.helpers import (
+    checkpointer_of,
+    launch_xla_flags,
+    model_of,
+    random_arrays,
+    tiny_config,
+    users_compile,
+)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 WORKER = REPO / "tests" / "train_worker.py"
@@ -109,7 +116,7 @@ def test_a_checkpoint_written_on_8_devices_resumes_on_4(tmp_path):
     written = _train(tmp_path, training__num_train_steps=4)
     m = mesh.create_mesh(4)
     config = _config(mesh__num_devices=4)
-    ckpt = checkpointing.Checkpointer(str(tmp_path), config)
+    ckpt = checkpointer_of(tmp_path, config)
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=mesh.replicated_sharding(m)),
         written.state)
@@ -187,7 +194,7 @@ def test_a_diverging_run_stops_naming_the_step_and_keeps_the_last_good_checkpoin
                        match=r"loss is nan at step 6\. The newest sound checkpoint is step 4 "):
         _train(tmp_path, **overrides)
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "4"]
-    ckpt = checkpointing.Checkpointer(str(tmp_path), _config(**overrides))
+    ckpt = checkpointer_of(tmp_path, _config(**overrides))
     m = mesh.create_mesh(8)
     # The same run stopped after its 4 good steps (the schedule jumps only from step 4 on): the state the
     # last good checkpoint must hold.
@@ -388,7 +395,7 @@ def test_the_best_evaluation_outlives_relaunches_and_a_non_finite_one_is_never_b
     state = training_setup.setup(config, arrays=random_arrays()).state
 
     def launch(saves):  # A new Checkpointer each time, as a relaunch makes.
-        checkpointer = checkpointing.Checkpointer(str(tmp_path), config)
+        checkpointer = checkpointer_of(tmp_path, config)
         try:
             for step, metrics in saves:
                 checkpointer.save(step, state.replace(step=step), {}, metrics)
@@ -411,7 +418,7 @@ def test_a_non_finite_state_is_never_exported(tmp_path):
     config = tiny_config(checkpoint__enabled=True, checkpoint__async_save=False)
     state = training_setup.setup(config, arrays=random_arrays()).state
     nan_state = state.replace(params=jax.tree.map(lambda x: x * np.nan, state.params))
-    checkpointer = checkpointing.Checkpointer(str(tmp_path), config)
+    checkpointer = checkpointer_of(tmp_path, config)
     try:
         with pytest.raises(FloatingPointError, match="not exporting"):
             checkpointer.export(nan_state)

@@ -20,6 +20,7 @@ from mlperf_logging.compliance_checker import mlp_compliance
 from resnet_scaling import config as config_lib
 from resnet_scaling.config import plan as plan_lib
 from resnet_scaling.metrics import mlperf_log
+from resnet_scaling.training import sections
 from tests.helpers import users_compile, without_suite_cache
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -41,8 +42,8 @@ def _log_of_a_launch_at_the_target(config, workdir):
     num_devices = config.mesh.num_devices if config.mesh.num_devices > 0 else 8
     plan = plan_lib.derive(config, config.training.global_batch_size, num_devices=num_devices)
     schedule = plan_lib.LoopSchedule(plan.total_steps, plan.log_every_steps)  # One evaluation, at the end.
-    log = mlperf_log.MLPerfLog(str(workdir), config, plan, schedule, write=True)
-    log.init_start(config, "1xcpu", time.time())
+    log = mlperf_log.MLPerfLog(str(workdir), sections.read(config).report.mlperf, plan, schedule, write=True)
+    log.init_start("1xcpu", time.time())
     log.run_start()
     for step in range(1, plan.total_steps + 1):
         log.before_step(step)

@@ -19,6 +19,7 @@ from resnet_scaling.config import plan as plan_lib
 from resnet_scaling.job import mesh as mesh_lib
 from resnet_scaling.metrics.goodput import GoodputRecorder
 from resnet_scaling.metrics.run_report import RunReport
+from resnet_scaling.training import sections
 from tests.helpers import tiny_config
 
 NUM_TRAIN_EXAMPLES = 64  # 4 steps of 16 images per epoch.
@@ -31,7 +32,8 @@ def _report(workdir, **overrides) -> RunReport:
     plan = plan_lib.derive(config, NUM_TRAIN_EXAMPLES, num_devices=1)
     wall = time.time()
     goodput = GoodputRecorder(str(workdir), None, wall, write=True)
-    return RunReport(str(workdir), config, plan, plan_lib.loop_schedule(config, plan), mesh, goodput,
+    schedule = plan_lib.loop_schedule(config, plan)
+    return RunReport(str(workdir), sections.read(config).report, plan, schedule, mesh, goodput,
                      saved_clock=None, start_step=0, launch_start_wall=wall, write=True)
 
 

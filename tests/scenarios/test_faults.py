@@ -21,7 +21,7 @@ from resnet_scaling import checkpointing
 from resnet_scaling.checkpointing import divergence
 from resnet_scaling.job import workdir
 from resnet_scaling.training import trainer, training_setup
-from tests.helpers import launch_xla_flags, random_arrays, tiny_config
+from tests.helpers import checkpointer_of, launch_xla_flags, random_arrays, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -118,7 +118,7 @@ def test_a_flipped_bit_never_restores_other_values_than_were_saved(tmp_path, cap
         data = bytearray(target.read_bytes())
         data[int(len(data) * fraction)] ^= 0x10
         target.write_bytes(bytes(data))
-        checkpointer = checkpointing.Checkpointer(str(copy), _config())
+        checkpointer = checkpointer_of(copy, _config())
         with caplog.at_level("WARNING"):
             state, meta = checkpointer.restore_latest(abstract)
         checkpointer.close()
