@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -72,7 +73,7 @@ def parse_price(text: str) -> tuple[str, planning.Price]:
         usd = float(value)
     except ValueError:
         usd = -1.0
-    if not system or usd < 0 or not source.strip():
+    if not system or not math.isfinite(usd) or usd < 0 or not source.strip():
         raise ValueError(f'--price={text}: expected "SYSTEM=USD_PER_CHIP_HOUR:SOURCE" with a price >= 0 and '
                          "where it was read.")
     return system, planning.Price(usd, source.strip())
