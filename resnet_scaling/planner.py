@@ -86,7 +86,7 @@ def parse_input_rate(text: str) -> planning.Figure:
         rate = float(value)
     except ValueError:
         rate = 0.0
-    if rate <= 0 or not source.strip():
+    if not math.isfinite(rate) or rate <= 0 or not source.strip():
         raise ValueError(f'--input_rate={text}: expected "IMAGES_PER_SEC_PER_CORE:SOURCE" with a rate > 0.')
     return planning.Figure(rate, "given", source.strip())
 
