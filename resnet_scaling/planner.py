@@ -116,14 +116,14 @@ def system_of_config(name: str, config: ml_collections.ConfigDict) -> planning.S
     Raises:
       ConfigError: the config does not name the devices to plan for, or fails validation.
     """
+    if config.system.topology:  # Its devices are the topology's; the compile validates it for them.
+        report = shipped_reports.load_shipped_report(name, config) or _compile_report(config)
+        return planning.system_from_report(report)
     devices = int(config.mesh.num_devices)
     if devices < 1:
         raise errors.ConfigError(f"config.mesh.num_devices is {devices}: give the devices to plan for "
                                  "(--config.mesh.num_devices=N).")
     config_lib.validate(config, devices)
-    if config.system.topology:
-        report = shipped_reports.load_shipped_report(name, config) or _compile_report(config)
-        return planning.system_from_report(report)
     plan = plan_lib.derive(config, int(config.data.num_train_examples), devices)
     return planning.system_from_plan(config.system.name, config.system.device_kind, plan, recipe_of(config),
                                      _reference())
