@@ -293,13 +293,14 @@ def plot(predictions: Sequence[planning.Prediction], path: str) -> None:
     time_ax.plot([case.num_chips], [case.minutes], "k*", markersize=12,
                  label=f"the case study: {case.minutes} min on {case.num_chips} x {case.device_kind} "
                        "(published)")
-    cost_ax.yaxis.set_major_formatter(FuncFormatter(lambda usd, _: f"${usd:,.0f}"))
-    cost_ax.yaxis.set_minor_formatter(FuncFormatter(lambda usd, _: f"${usd:,.0f}"))
     time_ax.set(xscale="log", yscale="log", xlabel="chips",
                 ylabel="minutes to the target (the recipe's epochs)",
                 title="Time to target")
     cost_ax.set(xscale="log", yscale="log", xlabel="chips", ylabel="USD to the target",
                 title="Cost to target (price file's dated prices)")
+    dollars = FuncFormatter(lambda usd, _: f"${usd:,.0f}")  # Log axes label "6x10^1" otherwise.
+    cost_ax.yaxis.set_major_formatter(dollars)
+    cost_ax.yaxis.set_minor_formatter(dollars)
     for ax in (time_ax, cost_ax):
         ax.grid(alpha=0.3, which="both")
         if ax.get_legend_handles_labels()[0]:
