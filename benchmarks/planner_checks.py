@@ -367,7 +367,7 @@ def observations(reports_dir: Path = REPORTS_DIR, compile_up_to_chips: int = 0,
                  published: Sequence[Mapping[str, Any]] | None = None) -> list[step_model.Observation]:
     """Every published result as the step model sees it: a TPU system from its compile report (libtpu's
     estimate where it gives one, and, where the report has HBM bytes, its roofline too), a GPU system from
-    the shipped reference program scaled to its batch (`planning.system_from_config`'s model).
+    the shipped reference program scaled to its batch (`planning.system_from_plan`'s model).
 
     A TPU system whose report is missing is compiled if it has at most `compile_up_to_chips` chips; else
     its generation's largest compiled program is scaled to its batch on its own torus, and the observation
