@@ -33,7 +33,7 @@ import re
 import statistics
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -351,14 +351,27 @@ def published_sec_per_epoch(entry: Mapping[str, Any]) -> float:
     return statistics.median(m * 60 / e for m, e in zip(entry["minutes"], entry["epochs"], strict=True))
 
 
+def _scaled_reference(entry: Mapping[str, Any], reports_dir: Path,
+                      published: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The compile report a TPU system too large to compile here is scaled from: its generation's largest
+    compiled published system's, or None where none is compiled."""
+    compiled = [e for e in published if e["device_kind"] == entry["device_kind"]
+                and (reports_dir / f"{report_name(e)}.json").is_file()]
+    if not compiled:
+        return None
+    largest = max(compiled, key=lambda e: e["num_chips"])
+    return json.loads((reports_dir / f"{report_name(largest)}.json").read_text())
+
+
 def observations(reports_dir: Path = REPORTS_DIR, compile_up_to_chips: int = 0,
                  published: Sequence[Mapping[str, Any]] | None = None) -> list[step_model.Observation]:
     """Every published result as the step model sees it: a TPU system from its compile report (libtpu's
     estimate where it gives one, and, where the report has HBM bytes, its roofline too), a GPU system from
-    the shipped reference program scaled to its batch (`planning.system_from_config`'s model).
+    the shipped reference program scaled to its batch (`planning.system_from_plan`'s model).
 
-    A TPU system whose report is missing is compiled if it has at most `compile_up_to_chips` chips, else
-    left out (`missing_reports` names it).
+    A TPU system whose report is missing is compiled if it has at most `compile_up_to_chips` chips; else
+    its generation's largest compiled program is scaled to its batch on its own torus, and the observation
+    is checked but not fitted on (`fitted=False`).
     """
     published = json.loads(PUBLISHED.read_text()) if published is None else published
     reference = json.loads(shipped_reports.report_path(planning.REFERENCE_CONFIG).read_text())
@@ -367,72 +380,159 @@ def observations(reports_dir: Path = REPORTS_DIR, compile_up_to_chips: int = 0,
         y = published_sec_per_epoch(entry)
         epoch_length = plan.EpochLength(IMAGENET_NUM_TRAIN_EXAMPLES, entry["global_batch"])
         train_steps = epoch_length.exact_steps_per_epoch
+        fitted = True
+        eval_steps = math.ceil(IMAGENET_NUM_EVAL_EXAMPLES / entry["global_batch"]) / MLPERF_EVAL_EVERY_EPOCHS
         if "TPU" in entry["device_kind"]:
             path = reports_dir / f"{report_name(entry)}.json"
-            if not path.is_file() and entry["num_chips"] > compile_up_to_chips:
-                continue
-            report = ensure_report(report_name(entry), compile_args(entry), reports_dir)
-            train, evaluation = step_model.programs_from_report(report)
-            eval_steps = report["eval_steps_per_pass"] / MLPERF_EVAL_EVERY_EPOCHS
+            if path.is_file() or entry["num_chips"] <= compile_up_to_chips:
+                report = ensure_report(report_name(entry), compile_args(entry), reports_dir)
+                train, evaluation = step_model.programs_from_report(report)
+                eval_steps = report["eval_steps_per_pass"] / MLPERF_EVAL_EVERY_EPOCHS
+            else:
+                source = _scaled_reference(entry, reports_dir, published)
+                if source is None:
+                    continue
+                torus = step_model._torus_of(entry["topology"] or "") or None
+                train, evaluation = step_model.scaled_programs(
+                    entry["device_kind"], entry["num_chips"], 0, entry["global_batch"] / entry["num_chips"],
+                    source, torus)
+                fitted = False
         else:
             gpus, per_node = entry["num_chips"], entry.get("gpus_per_node") or planning.GPUS_PER_NODE
             kind = entry.get("accelerator") or entry["device_kind"]  # "A100-SXM4-80GB": its HBM.
             train, evaluation = step_model.scaled_programs(kind, gpus, min(gpus, per_node),
                                                         entry["global_batch"] / gpus, reference)
-            eval_steps = math.ceil(IMAGENET_NUM_EVAL_EXAMPLES / entry["global_batch"]) / (
-                MLPERF_EVAL_EVERY_EPOCHS)
         variants = [(train, evaluation)]
         if train.compiled_sec and train.bytes_per_chip:  # The same system's roofline, for its own fit.
             variants.append((dataclasses.replace(train, compiled_sec=None),
                              evaluation and dataclasses.replace(evaluation, compiled_sec=None)))
         for t, e in variants:
             out.append(step_model.Observation(entry["name"], t, e, train_steps, eval_steps, y,
-                                              entry["num_chips"]))
+                                              entry["num_chips"], fitted))
     return out
 
 
-def fit_all(observations: Sequence[step_model.Observation]) -> list[step_model.Calibration]:
-    """One fit per (generation, base): those with 3 or more points first; one with fewer fits `a` alone,
-    with `b` from the fit it would borrow (`step_model.BORROWS`), else its family's fit with most points."""
+def _family(key: tuple[str, str]) -> str:
+    return "TPU" if key[0].startswith("TPU") else "GPU"
+
+
+def _borrow_source(key: tuple[str, str], keys: Collection[tuple[str, str]]) -> tuple[str, str] | None:
+    """The generation `key` borrows from along `step_model.BORROWS` among `keys`, as `step_model.borrowed`
+    walks it."""
+    source, seen = step_model.BORROWS.get(key), {key}
+    while source is not None and source not in keys and source not in seen:
+        seen.add(source)
+        source = step_model.BORROWS.get(source)
+    return source if source in keys else None
+
+
+def fit_all(observations: Sequence[step_model.Observation],
+            extra_borrow_checks: Sequence[dict[str, Any]] = ()) -> list[step_model.Calibration]:
+    """One fit per (generation, base) over the fitted observations, each with `b` (for its fits of `a`
+    alone: fewer than 3 points, or leave-one-out down to 2) and its borrowed fit from the generation it
+    would borrow (`step_model.BORROWS`; else its family's fit with most points); then every fit's
+    `borrow_interval`: the worst miss of `borrow_checks` in its family."""
     groups: dict[tuple[str, str], list[step_model.Observation]] = {}
     for o in observations:
-        groups.setdefault(o.key, []).append(o)
-    fits = {key: step_model.fit(group) for key, group in groups.items() if len(group) >= 3}
-    for key, group in groups.items():
-        if key in fits:
-            continue
-        source = fits.get(step_model.BORROWS.get(key, ("", "")))
+        if o.fitted:
+            groups.setdefault(o.key, []).append(o)
+    fits: dict[tuple[str, str], step_model.Calibration] = {}
+
+    def fit_of(key: tuple[str, str], visiting: frozenset = frozenset()) -> step_model.Calibration:
+        if key not in fits:
+            source_key = _borrow_source(key, groups)
+            if source_key is None and len(groups[key]) < 4:  # Its leave-one-out fits `a` alone: a `b`.
+                family = [k for k in groups if _family(k) == _family(key) and k != key
+                          and (k[1] == key[1] or _family(key) == "GPU")]
+                source_key = max(family, key=lambda k: len(groups[k]), default=None)
+            source = None if source_key in (None, *visiting) else fit_of(source_key, visiting | {key})
+            fits[key] = step_model.fit(groups[key], b_fallback=source.b_sec if source else 0.0,
+                                       borrowed_fit=source)
+        return fits[key]
+
+    for key in groups:
+        fit_of(key)
+    checks = [*borrow_checks(observations, fits), *extra_borrow_checks]
+    out = []
+    for key, f in sorted(fits.items()):
+        family = [c for c in checks if _family((c["generation"], c["base"])) == _family(key)]
+        if family:
+            worst = max(family, key=lambda c: max(abs(e) for e in c["errors"]))
+            errors = [e for c in family for e in c["errors"]]
+            basis = (f"whole-generation borrowing missed by {min(errors):+.0%} to {max(errors):+.0%} "
+                     f"(worst: {worst['generation']} from {worst['borrowed_from']})")
+            f = dataclasses.replace(f, borrow_interval=max(abs(e) for e in errors), borrow_basis=basis)
+        out.append(f)
+    return out
+
+
+def borrow_checks(observations: Sequence[step_model.Observation],
+                  fits: Mapping[tuple[str, str], step_model.Calibration]) -> list[dict[str, Any]]:
+    """Each fitted generation left out whole and predicted with the fit it would borrow, as a generation
+    without a published point is planned: its points' errors."""
+    checks = []
+    for key in sorted(fits):
+        source = _borrow_source(key, fits)
         if source is None:
-            tpu = key[0].startswith("TPU")
-            family = [f for k, f in fits.items()
-                      if k[0].startswith("TPU") == tpu and (k[1] == key[1] or not tpu)]
-            source = max(family, key=lambda f: len(f.points), default=None)
-        fits[key] = step_model.fit(group, b_fallback=source.b_sec if source else 0.0)
-    return sorted(fits.values(), key=lambda f: (f.generation, f.base))
+            continue
+        points = [o for o in observations if o.fitted and o.key == key]
+        src = fits[source]
+        checks.append({"generation": key[0], "base": key[1], "borrowed_from": f"{source[0]} ({source[1]})",
+                       "points": [o.name for o in points],
+                       "errors": [o.predict(src.a, src.b_sec) / o.published_sec_per_epoch - 1
+                                  for o in points]})
+    return checks
+
+
+LOO_BAR = 0.15  # The issue's bar for leave-one-out errors of systems from 16 to 1,024 chips.
+
+
+def _why_outside(o: step_model.Observation, fit: step_model.Calibration, error: float, fit_chips: int) -> str:
+    """Why a point misses by more than its bar or its interval, for the table's row."""
+    if not o.fitted:
+        return (f"outside its interval: the {o.key[0]} fit (its points up to {fit_chips:,} chips) does not "
+                f"extrapolate to {o.num_chips:,}, scaled from a compiled program" if abs(error) > fit.interval
+                else "")
+    if abs(error) <= LOO_BAR or not 16 <= o.num_chips <= 1024:
+        return ""
+    n = len(fit.points)
+    if n - 1 < 3:
+        return (f"{o.key[0]} has {n} published point{'s' * (n != 1)}: without this one, {n - 1} fit `a` "
+                "alone (with the borrowed `b`)")
+    return f"the fit of the other {n - 1} {o.key[0]} points misses it"
 
 
 def check_rows(observations: Sequence[step_model.Observation], fits: Sequence[step_model.Calibration],
                published: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Each published result beside its prediction left out of the fit and in it."""
+    """Each published result beside its prediction by a fit that left it out (or was never fitted on it)
+    and by the fit with it."""
     by_key = {(f.generation, f.base): f for f in fits}
     entries = {e["name"]: e for e in published}
+    chips = {o.name: o.num_chips for o in observations}
     rows = []
     for o in observations:
-        fit = by_key[o.key]
-        loo = dict(zip(fit.points, fit.loo_errors, strict=False)).get(o.name)  # None: fitted alone.
+        fit = by_key.get(o.key) or step_model.borrowed(o.key, by_key)
+        if fit is None:
+            continue
         entry = entries[o.name]
         epochs = statistics.median(entry["epochs"])
         predicted = o.predict(fit.a, fit.b_sec)
+        in_fit = o.fitted and o.name in fit.points
+        loo = dict(zip(fit.points, fit.loo_errors, strict=False)).get(o.name) if in_fit else (
+            predicted / o.published_sec_per_epoch - 1)
+        loo_sec = None if loo is None else o.published_sec_per_epoch * (1 + loo)
         rows.append({
             "name": o.name, "generation": o.key[0], "base": o.key[1], "num_chips": o.num_chips,
             "global_batch": entry["global_batch"], "published_minutes": entry["score_minutes"],
             "epochs": epochs, "published_sec_per_epoch": o.published_sec_per_epoch,
-            "fitted_sec_per_epoch": predicted, "fitted_error": predicted / o.published_sec_per_epoch - 1,
-            "loo_sec_per_epoch": None if loo is None else o.published_sec_per_epoch * (1 + loo),
-            "loo_error": loo, "loo_minutes": None if loo is None else
-            o.published_sec_per_epoch * (1 + loo) * epochs / 60,
+            "fitted_sec_per_epoch": predicted if in_fit else None,
+            "fitted_error": predicted / o.published_sec_per_epoch - 1 if in_fit else None,
+            "loo_sec_per_epoch": loo_sec, "loo_error": loo,
+            "loo_minutes": None if loo_sec is None else loo_sec * epochs / 60,
             "raw_error": o.predict(1.0, 0.0) / o.published_sec_per_epoch - 1,
-            "interval": fit.interval, "in_fit": o.name in fit.points, "fit_points": len(fit.points),
+            "interval": fit.interval, "in_fit": in_fit, "fit_points": len(fit.points),
+            "within_interval": loo is not None and abs(loo) <= fit.interval + 1e-12,
+            "why": "" if loo is None else _why_outside(o, fit, loo, max(chips[p] for p in fit.points)),
             "source": entry["source"]})
     return rows
 
@@ -447,6 +547,16 @@ def case_study_check(fits: Mapping[tuple[str, str], step_model.Calibration]) -> 
             "error": minutes / case.minutes - 1,
             "interval": (prediction.step_low_sec / step - 1, prediction.step_high_sec / step - 1),
             "basis": prediction.step_sec.note}
+
+
+def case_study_borrow_check(fits: Sequence[step_model.Calibration]) -> dict[str, Any]:
+    """The case study's pod as a whole-generation borrow: TPU v2 (no MLPerf point) with the fit it borrows."""
+    by_key = {(f.generation, f.base): f for f in fits}
+    case = case_study_check(by_key)
+    source = _borrow_source(("TPU v2", step_model.COMPILED), by_key)
+    return {"generation": "TPU v2", "base": step_model.COMPILED,
+            "borrowed_from": f"{source[0]} ({source[1]})" if source else "none", "points": [case["name"]],
+            "errors": [case["error"]]}
 
 
 def _pct(x: float | None) -> str:
@@ -473,8 +583,8 @@ def main(argv: list[str]) -> dict[str, Any]:
     published = json.loads(PUBLISHED.read_text())
     reports_dir = Path(args.reports_dir)
     obs = observations(reports_dir, 10**9 if args.compile_all else MAX_CHIPS_COMPILED, published)
-    missing = missing_reports(reports_dir, published)
-    fits = fit_all(obs)
+    missing = [n for n in missing_reports(reports_dir, published) if not any(o.name == n for o in obs)]
+    fits = fit_all(obs, [case_study_borrow_check(fit_all(obs))])
     if args.write_calibration:
         step_model.CALIBRATION_PATH.write_text(step_model.calibrations_json(
             fits, f"benchmarks/planner_checks.py --write_calibration over {PUBLISHED.name} "
@@ -483,29 +593,32 @@ def main(argv: list[str]) -> dict[str, Any]:
     by_key = {(f.generation, f.base): f for f in fits}
     rows = check_rows(obs, fits, published)
     case = case_study_check(by_key)
+    checks = [*borrow_checks(obs, by_key), case_study_borrow_check(fits)]
     print(harness.markdown_table(
-        ["generation, base", "a", "b (ms)", "points", "interval (largest leave-one-out error)"],
+        ["generation, base", "a", "b (ms)", "points", "interval"],
         [[f"{f.generation}, {f.base}", f"{f.a:.3f}", f"{f.b_sec * 1e3:.2f}", len(f.points),
-          f"±{f.interval:.0%}" + ("" if len(f.points) >= 3 else " (assumed: fewer than 3 points)")]
-         for f in fits]))
+          f"±{f.interval:.0%} (" + ("largest leave-one-out error" if len(f.points) >= 3 else
+                                    "its borrowed fit's largest miss") + ")"] for f in fits]))
     print()
     print(harness.markdown_table(
-        ["published result", "chips", "batch", "base", "minutes (score)", "epochs (runs)",
-         "s/epoch published", "s/epoch left out of the fit (error)", "minutes at the runs' epochs, left out",
-         "in the fit: error", "raw model: error"],
-        [[r["name"], r["num_chips"], f"{r['global_batch']:,}", r["base"], f"{r['published_minutes']:.2f}",
-          f"{r['epochs']:g}", f"{r['published_sec_per_epoch']:.2f}",
-          "-" if r["loo_sec_per_epoch"] is None else f"{r['loo_sec_per_epoch']:.2f} ({_pct(r['loo_error'])})",
-          "-" if r["loo_minutes"] is None else f"{r['loo_minutes']:.2f}",
-          _pct(r["fitted_error"]), _pct(r["raw_error"])] for r in rows]))
+        ["generation left out", "borrowing", "its points' errors"],
+        [[f"{c['generation']} ({c['base']})", c["borrowed_from"],
+          ", ".join(_pct(e) for e in c["errors"])] for c in checks]))
+    print()
+    print(harness.markdown_table(
+        ["published result", "chips", "base", "minutes published", "minutes predicted", "error",
+         "interval", "in the fit", "note"],
+        [[r["name"], f"{r['num_chips']:,}", r["base"], f"{r['published_minutes']:.3f}",
+          "-" if r["loo_minutes"] is None else f"{r['loo_minutes']:.3f}", _pct(r["loo_error"]),
+          f"±{r['interval']:.0%}" + ("" if r["within_interval"] else " (outside)"),
+          "yes (error: left out)" if r["in_fit"] else "no", r["why"]] for r in rows]))
     print(f"\n{case['name']} (TPU v2: in no fit): published {case['published_minutes']} min (90 epochs, "
           f"the case study's clock); predicted {case['predicted_minutes']:.2f} min ({_pct(case['error'])}); "
           f"{case['basis']}.")
     if missing:
-        print(f"Not compiled here (above {MAX_CHIPS_COMPILED:,} chips; --compile_all compiles them), so "
-              f"in no fit and not checked: {', '.join(missing)}.")
+        print(f"Not checked (no compiled program of their generation to scale): {', '.join(missing)}.")
     result = {**harness.environment(), "fits": [dataclasses.asdict(f) for f in fits], "checks": rows,
-              "case_study_pod": case, "not_compiled": missing}
+              "borrow_checks": checks, "case_study_pod": case, "not_checked": missing}
     harness.write_json(args.json_out, result)
     return result
 

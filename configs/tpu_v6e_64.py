@@ -6,7 +6,8 @@ images a step; bfloat16 compute, batch norm per chip (128 images). 91 epochs: 14
 
 No topology (`system.topology`): libtpu 0.0.42.1 crashes (a segmentation fault, twice) compiling this step
 ahead of time for `v6e:8x8`, so there is no compile report; the planner scales a shipped TPU program of the
-same model to this chip instead (`analysis/planning.system_from_config`). On a v6e slice it trains as is.
+same model to this chip instead (`planning/estimates.py system_from_plan`, on the 8x8 torus of its 64
+chips). On a v6e slice it trains as is.
 """
 
 from resnet_scaling.config import get_base_config, recipes

@@ -3,15 +3,19 @@
     python -m resnet_scaling.planner                                    # every shipped system, in seconds
     python -m resnet_scaling.planner pod tpu_v2_8 gpu_h200x8            # configs
     python -m resnet_scaling.planner pod.json runs/h200/summary.json    # compile reports, run summaries
+    python -m resnet_scaling.planner --config=gpu_h100x8 --config.mesh.num_devices=64 \
+        --config.training.global_batch_size=3200                        # what-if: train's override syntax
     python -m resnet_scaling.planner --all_configs --json_out=plan.json --chart_out=plan.png \\
         --prices=prices.json --input_rate="1143:benchmarks/input_pipeline.py, AMD EPYC, 1 core"
 
 Inputs: compile reports (`python -m resnet_scaling.compile --json_out`), runs' `summary.json` (or workdir),
-configs by name or path (a shipped TPU config's report ships with the package while the config is
-unchanged, `planning/shipped_reports.py`; other TPU configs are compiled here with libtpu, about a minute
-each on 2 cores; a GPU config is planned from a TPU program of the same model, per image). One row per
-system: the step model's calibrated step with its interval and the raw model beside it
-(`planning/step_model.py`), the recipe's epochs, and the cost at the shipped dated prices
+configs by name or path, and `--config` with `--config.FIELD=VALUE` overrides as train takes them (a shipped
+TPU config's report ships with the package while the config is unchanged, `planning/shipped_reports.py`;
+other TPU configs are compiled here with libtpu, minutes to tens of minutes each on a small CPU; a GPU
+config, or a TPU config that names no topology, is planned from a TPU program of the same model, per
+image). The command reads each config and its overrides here, resolves its recipe and derives its plan
+once; the planning package takes the plan. One row per system: the step model's calibrated step with its
+interval (`planning/step_model.py`), the recipe's epochs, and one bill at the shipped dated prices
 (`planning/prices.json`) or yours; every figure names its basis (`planning/estimates.py`).
 """
 
@@ -20,13 +24,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
+import ml_collections
 from absl import app, flags
+from ml_collections import config_flags
 
 from resnet_scaling import config as config_lib
+from resnet_scaling.config import plan as plan_lib
+from resnet_scaling.config import recipes
 from resnet_scaling.job import errors, process_setup, workdir
 from resnet_scaling.metrics import console, format_duration
 from resnet_scaling.planning import estimates as planning
@@ -34,6 +44,9 @@ from resnet_scaling.planning import shipped_reports, step_model
 
 logger = logging.getLogger("resnet_scaling.planner")  # Not __name__: "__main__" under `python -m`.
 
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "A system to plan as a config (a file or a shipped name), with any --config.FIELD=VALUE "
+    "overrides, as train takes them: a what-if in one line.", lock_config=True)
 _PRICES = flags.DEFINE_multi_string(
     "price", [], 'A price per chip-hour for one system, "SYSTEM=USD:SOURCE" (SYSTEM: its input\'s file '
     'name without .json, its config name or the system name), e.g. "pod=1.23:your price page, read on '
@@ -60,7 +73,7 @@ def parse_price(text: str) -> tuple[str, planning.Price]:
         usd = float(value)
     except ValueError:
         usd = -1.0
-    if not system or usd < 0 or not source.strip():
+    if not system or not math.isfinite(usd) or usd < 0 or not source.strip():
         raise ValueError(f'--price={text}: expected "SYSTEM=USD_PER_CHIP_HOUR:SOURCE" with a price >= 0 and '
                          "where it was read.")
     return system, planning.Price(usd, source.strip())
@@ -73,18 +86,47 @@ def parse_input_rate(text: str) -> planning.Figure:
         rate = float(value)
     except ValueError:
         rate = 0.0
-    if rate <= 0 or not source.strip():
+    if not math.isfinite(rate) or rate <= 0 or not source.strip():
         raise ValueError(f'--input_rate={text}: expected "IMAGES_PER_SEC_PER_CORE:SOURCE" with a rate > 0.')
     return planning.Figure(rate, "given", source.strip())
 
 
-def _compile_report(config: Any) -> dict[str, Any]:
+def _compile_report(config: ml_collections.ConfigDict) -> dict[str, Any]:
     from resnet_scaling.planning import aot
 
     topology = config.system.topology
-    logger.info("Compiling %s for %s (about a minute on 2 cores; `python -m resnet_scaling.compile "
-                "--json_out` keeps the report for next time).", config.system.name, topology)
+    logger.info("Compiling %s for %s (minutes for a small slice, tens of minutes for a large one on a small "
+                "CPU; `python -m resnet_scaling.compile --json_out` keeps the report for next time).",
+                config.system.name, topology)
     return dataclasses.asdict(aot.compile_for_topology(config))
+
+
+def recipe_of(config: ml_collections.ConfigDict) -> planning.Recipe:
+    """The epochs a config trains and how often it evaluates (MLPerf mode: by its MLPerf fields)."""
+    return planning.Recipe(float(config.training.num_epochs),
+                           float(config.mlperf.eval_every_epochs if config.mlperf.enabled
+                                 else config.eval.every_epochs),
+                           bool(config.mlperf.enabled))
+
+
+def system_of_config(name: str, config: ml_collections.ConfigDict) -> planning.System:
+    """The system a resolved config describes: from its shipped compile report, else compiled here (a TPU
+    config with a topology), else from its plan and the reference program (`planning.system_from_plan`).
+
+    Raises:
+      ConfigError: the config does not name the devices to plan for, or fails validation.
+    """
+    if config.system.topology:  # Its devices are the topology's; the compile validates it for them.
+        report = shipped_reports.load_shipped_report(name, config) or _compile_report(config)
+        return planning.system_from_report(report)
+    devices = int(config.mesh.num_devices)
+    if devices < 1:
+        raise errors.ConfigError(f"config.mesh.num_devices is {devices}: give the devices to plan for "
+                                 "(--config.mesh.num_devices=N).")
+    config_lib.validate(config, devices)
+    plan = plan_lib.derive(config, int(config.data.num_train_examples), devices)
+    return planning.system_from_plan(config.system.name, config.system.device_kind, plan, recipe_of(config),
+                                     _reference())
 
 
 def load_system(value: str) -> tuple[planning.System, set[str]]:
@@ -92,7 +134,8 @@ def load_system(value: str) -> tuple[planning.System, set[str]]:
 
     Raises:
       ValueError, OSError, KeyError: an unreadable input (the message names it).
-      RunError: a TPU config that cannot be compiled here (no libtpu: `MissingExtraError`).
+      RunError: a TPU config that cannot be compiled here (no libtpu: `MissingExtraError`), or an invalid
+        config (`ConfigError`).
     """
     path = workdir.as_path(value)
     if path.is_dir():
@@ -100,18 +143,15 @@ def load_system(value: str) -> tuple[planning.System, set[str]]:
     if path.suffix == ".json":
         if not path.is_file():
             raise FileNotFoundError(f"no such file: {path}")
-        data = json.loads(path.read_text())
+        data = planning.read_json_object(path, "a compile report or a run's summary.json")
         if "run" in data and "throughput" in data:
             system = planning.system_from_summary(data)
         else:
             system = planning.system_from_report(data)
         return system, {path.stem if path.name != "summary.json" else path.parent.name, system.name}
-    config = config_lib.load_config(value)
+    config = recipes.resolve(config_lib.load_config(value)).config
     name = os.path.splitext(os.path.basename(value))[0]
-    if config.system.topology:
-        report = shipped_reports.load_shipped_report(name, config) or _compile_report(config)
-        return planning.system_from_report(report), {name, config.system.name}
-    return planning.system_from_config(config, _reference()), {name, config.system.name}
+    return system_of_config(name, config), {name, config.system.name}
 
 
 def _range(value: float | None, low: float | None, high: float | None, fmt: Any) -> str:
@@ -130,73 +170,107 @@ def _usd(x: float) -> str:
     return f"${x:,.0f}" if x >= 10 else f"${x:,.2f}"
 
 
+EFFICIENCY_REFERENCE = "the step without its collectives over the step (same chip, same batch per chip)"
+
+
 def format_table(predictions: Sequence[planning.Prediction]) -> str:
-    """The predictions as a Markdown table: calibrated (or measured) figures with their interval, and the
-    raw model's beside them."""
-    lines = ["| system | chips | global batch | step (interval) | step basis | raw model's step | "
-             "images/sec | scaling efficiency | epochs | time to target (interval) | raw model's time | "
-             "cost (interval) | host cores needed |",
-             "|" + "---|" * 13]
+    """The predictions as a Markdown table: calibrated (or measured) figures with their interval; the host
+    cores column only where an input rate was given."""
+    cores = any(p.host_cores_needed for p in predictions)
+    lines = ["| system | chips | batch | step (interval) | basis | images/sec | scaling eff.¹ | epochs | "
+             "time to target (interval) | cost (interval) |" + (" host cores |" if cores else ""),
+             "|" + "---|" * (11 if cores else 10)]
     for p in predictions:
         t = p.time_to_target
-        step = ("not predicted" if p.step_sec.value is None else
+        step = ("-" if p.step_sec.value is None else
                 _range(p.step_sec.value, p.step_low_sec, p.step_high_sec, _ms))
-        raw = "-" if p.raw_step_sec is None else f"{_ms(p.raw_step_sec.value)} ({p.raw_step_sec.basis})"
         efficiency = "-" if p.scaling_efficiency is None else f"{p.scaling_efficiency.value:.0%}"
         rate = "-" if p.images_per_sec is None else f"{p.images_per_sec:,.0f}"
-        epochs = f"{t.epochs.value:.1f} ({t.epochs.basis})"
-        raw_time = "-" if p.raw_time_to_target_sec is None else format_duration(p.raw_time_to_target_sec)
-        cores = "-" if p.host_cores_needed is None else f"{p.host_cores_needed.value:,.1f}"
+        epochs = f"{t.epochs.value:.3g}" + (" (MLPerf)" if t.epochs.basis == "published" else "")
         cost = _range(t.cost_usd, t.cost_low_usd, t.cost_high_usd, _usd)
-        lines.append(
-            f"| {p.system} | {p.num_chips} x {p.device_kind} | {p.global_batch:,} | {step} | "
-            f"{p.step_sec.basis} | {raw} | {rate} | {efficiency} | {epochs} | "
-            f"{_range(t.total_sec, t.low_sec, t.high_sec, format_duration)} | {raw_time} | {cost} | "
-            f"{cores} |")
+        line = (f"| {p.system} | {p.num_chips} x {p.device_kind} | {p.global_batch:,} | {step} | "
+                f"{p.step_sec.basis} | {rate} | {efficiency} | {epochs} | "
+                f"{_range(t.total_sec, t.low_sec, t.high_sec, format_duration)} | {cost} |")
+        if cores:
+            line += " - |" if p.host_cores_needed is None else f" {p.host_cores_needed.value:,.1f} |"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def format_best(predictions: Sequence[planning.Prediction]) -> str:
+    """Which system reaches the target first, and which for least, overall and per family (TPU, GPU)."""
+    timed = [p for p in predictions if p.time_to_target.total_sec is not None]
+    if not timed:
+        return ""
+    lines = ["| to the target | fastest | cheapest |", "|---|---|---|"]
+    for label, rows in (("any system", timed), ("TPU", [p for p in timed if "TPU" in p.device_kind]),
+                        ("GPU", [p for p in timed if "TPU" not in p.device_kind])):
+        if not rows:
+            continue
+        fast = min(rows, key=lambda p: p.time_to_target.total_sec)
+        costed = [p for p in rows if p.time_to_target.cost_usd is not None]
+        cheap = min(costed, key=lambda p: p.time_to_target.cost_usd) if costed else None
+        cheapest = "-" if cheap is None else (f"{cheap.system}: {_usd(cheap.time_to_target.cost_usd)} in "
+                                              f"{format_duration(cheap.time_to_target.total_sec)}")
+        lines.append(f"| {label} | {fast.system}: {format_duration(fast.time_to_target.total_sec)} | "
+                     f"{cheapest} |")
     return "\n".join(lines)
 
 
 def format_notes(predictions: Sequence[planning.Prediction]) -> str:
-    """Where the figures come from: each step's model and calibration, the prices, and why a row has no
-    step or no cost."""
-    notes, seen = [], set()
+    """Where the figures come from: each step's model and calibration (the raw model beside it), the
+    prices in one line, and why a row has no step or no cost."""
+    notes, prices, hosts = [], {}, {}
     for p in predictions:
         if p.step_sec.value is None:
             notes.append(f"- {p.system}: not predicted ({p.step_sec.note}).")
             continue
-        notes.append(f"- {p.system}: {p.step_sec.basis} step, {p.step_sec.note}.")
+        raw = "" if p.raw_step_sec is None else f"; raw model {_ms(p.raw_step_sec.value)}"
+        notes.append(f"- {p.system}: {p.step_sec.basis} step, {p.step_sec.note}{raw}.")
         if not p.time_to_target.eval_sec:
             notes.append(f"- {p.system}: no evaluation time (no evaluation program); the time to target "
                          "is training only.")
         if p.price is None:  # A time to cost, and nothing to cost it at.
             notes.append(f"- {p.system}: no price for {p.device_kind}; give one as "
                          f"--price='{p.system}=USD_PER_CHIP_HOUR:SOURCE, DATE' or in a --prices file.")
-        elif (p.price.source, p.price.date) not in seen:
-            seen.add((p.price.source, p.price.date))
-            date = f", read {p.price.date}" if p.price.date not in ("", "undated") else ", undated"
-            notes.append(f"- Price ({p.price.basis}) for {p.device_kind}: "
-                         f"${p.price.usd_per_chip_hour:.2f} per chip-hour, {p.price.source}{date}.")
-        if p.host is not None and (p.host.machine, p.host.source) not in seen:
-            seen.add((p.host.machine, p.host.source))
-            notes.append(f"- Host VM for {p.device_kind} ({p.host.machine}, one per node): "
-                         f"${p.host.usd_per_hour:.2f} an hour, {p.host.source}, read {p.host.date}.")
-    notes.append("- Costs add the set-up billed before the clock where known (a compile report's compile "
-                 "time). Intervals: the step's calibration (its largest leave-one-out error, or an assumed "
-                 "width where a generation has fewer than 3 published points or none) and, in MLPerf mode, "
-                 "the reference runs' fewest and most epochs.")
+        else:
+            date = p.price.date if p.price.date not in ("", "undated") else "undated"
+            usd = p.price.usd_per_chip_hour
+            prices.setdefault(f"{p.device_kind} ${usd:.2f} ({p.price.basis}, {date})", 0)
+        if p.host is not None:
+            hosts.setdefault(f"{p.host.machine} ${p.host.usd_per_hour:.2f}/h a node", 0)
+    if prices:
+        notes.append("- Prices per chip-hour (sources and dates: planning/prices.json, and --json_out): "
+                     + "; ".join(prices) + "." + (f" Host VMs billed apart: {'; '.join(hosts)}." if hosts
+                                                  else ""))
+    setup = format_duration(planning.ASSUMED_SETUP_SEC)
+    notes.append("- Costs: one bill for every row: the chips (and host VMs billed apart) over the training, "
+                 f"its evaluations and {setup} of set-up before the clock "
+                 "(assumed, the same for every system: compiling and starting on the accelerator's hosts); "
+                 "--json_out has each term. Intervals: the step's calibration (leave-one-out, or a borrowed "
+                 "fit's measured miss; each row's note says which) and, in MLPerf mode, the reference runs' "
+                 f"fewest and most epochs. ¹ Scaling efficiency: {EFFICIENCY_REFERENCE}.")
     return "\n".join(notes)
+
+
+def require_matplotlib() -> None:
+    """One `error:` line where --chart_out cannot be drawn, before anything is planned or printed."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SystemExit("error: --chart_out needs matplotlib: "
+                         "pip install 'resnet_scaling[benchmarks]'") from None
 
 
 def plot(predictions: Sequence[planning.Prediction], path: str) -> None:
     """Time and cost to the target against chips, log scale, one line per device kind, the intervals as
-    error bars."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise SystemExit("error: --chart_out needs matplotlib: "
-                         "pip install 'resnet_scaling[benchmarks]'") from None
+    error bars; the case study's published pod (7.9 minutes) marked on the time axis."""
+    require_matplotlib()
+    import matplotlib
+
     matplotlib.use("Agg")  # No display: write the file only.
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     fig, (time_ax, cost_ax) = plt.subplots(1, 2, figsize=(12, 4.8))
     timed = [p for p in predictions if p.time_to_target.total_sec is not None]
@@ -215,11 +289,18 @@ def plot(predictions: Sequence[planning.Prediction], path: str) -> None:
                              yerr=[[c.cost_usd - (c.cost_low_usd or c.cost_usd) for _, c in costed],
                                    [(c.cost_high_usd or c.cost_usd) - c.cost_usd for _, c in costed]],
                              fmt="o-", color=f"C{i}", capsize=3, label=kind)
+    case = planning.CASE_STUDY_POD
+    time_ax.plot([case.num_chips], [case.minutes], "k*", markersize=12,
+                 label=f"the case study: {case.minutes} min on {case.num_chips} x {case.device_kind} "
+                       "(published)")
     time_ax.set(xscale="log", yscale="log", xlabel="chips",
                 ylabel="minutes to the target (the recipe's epochs)",
                 title="Time to target")
     cost_ax.set(xscale="log", yscale="log", xlabel="chips", ylabel="USD to the target",
                 title="Cost to target (price file's dated prices)")
+    dollars = FuncFormatter(lambda usd, _: f"${usd:,.0f}")  # Log axes label "6x10^1" otherwise.
+    cost_ax.yaxis.set_major_formatter(dollars)
+    cost_ax.yaxis.set_minor_formatter(dollars)
     for ax in (time_ax, cost_ax):
         ax.grid(alpha=0.3, which="both")
         if ax.get_legend_handles_labels()[0]:
@@ -246,9 +327,16 @@ def _reference() -> dict[str, Any] | None:
 
 def main(argv: list[str]) -> None:
     console.configure_command_line_logging()
+    if _CHART_OUT.value:
+        require_matplotlib()
     inputs = argv[1:]
     not_systems: list[str] = []
-    if _ALL_CONFIGS.value or not inputs:  # No input: every shipped system, from the shipped reports.
+    what_if = None
+    if _CONFIG.value is not None:  # A what-if: one config with train's overrides, read here at the edge.
+        config = console.read_config_flag(_CONFIG)
+        flag = config_lib.flag_values(sys.argv, "config")
+        what_if = os.path.splitext(os.path.basename(flag[-1][2] if flag else "config"))[0], config
+    if _ALL_CONFIGS.value or not inputs:  # Every shipped system, from the shipped reports (beside a what-if).
         systems, not_systems = shipped_systems()
         inputs += systems
     process_setup.start_host_compiler()  # A TPU config is compiled here, on the host.
@@ -262,6 +350,18 @@ def main(argv: list[str]) -> None:
     except (OSError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
     systems, names = [], []
+    if what_if is not None:
+        name, config = what_if
+        try:
+            system = system_of_config(name, config)
+        except (OSError, ValueError, KeyError, errors.RunError) as e:
+            raise SystemExit(f"error: --config: {e}") from None
+        overrides = config_lib.command_line_overrides(sys.argv)
+        if overrides:  # The row says what was asked, not the config's own name for other hardware.
+            asked = ", ".join(f"{k}={v}" for k, v in overrides.items())
+            system = dataclasses.replace(system, name=f"what-if: {name} with {asked}")
+        systems.append(system)
+        names.append({name, config.system.name, system.name})
     for value in inputs:
         try:
             system, keys = load_system(value)
@@ -280,16 +380,20 @@ def main(argv: list[str]) -> None:
             predictions.append(planning.predict(system, fits, price, rate))
         except ValueError as e:
             raise SystemExit(f"error: {system.name}: {e}") from None
-    predictions = planning.with_scaling_efficiency(predictions)
+    predictions = planning.with_scaling_efficiency(predictions, fits, systems)
     print(format_table(predictions))
     print()
+    if len(predictions) > 1 and (best := format_best(predictions)):
+        print(best)
+        print()
     print(format_notes(predictions))
     if not_systems:
         print(f"- {', '.join(not_systems)}: not planned; these configs name no system "
               "(config.system.name is empty): they are not written for any hardware.")
     if _JSON_OUT.value:
         workdir.write_text_atomically(_JSON_OUT.value, json.dumps(
-            {"predictions": [dataclasses.asdict(p) for p in predictions]}, indent=2) + "\n")
+            {"efficiency_reference": EFFICIENCY_REFERENCE,
+             "predictions": [dataclasses.asdict(p) for p in predictions]}, indent=2) + "\n")
         logger.info("Wrote %s.", _JSON_OUT.value)
     if _CHART_OUT.value:
         plot(predictions, _CHART_OUT.value)
@@ -297,4 +401,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=console.parse_flags)
+    app.run(main, flags_parser=console.parse_config_flags)

@@ -12,10 +12,13 @@ Every figure is labelled with its basis (`Figure.basis`):
   their min-max range (`convergence.py`).
 - **time to target** = the epochs' steps plus an evaluation pass every `eval every` epochs; the case study's
   clock (90 timed epochs, training only) is kept for its comparisons.
-- **cost** = (chips x price per chip-hour + nodes x host VM per hour where billed apart) x hours, the hours
-  being the time to target plus the set-up billed before it (the step's compilation, where known), at a
-  price from the shipped dated price file (`prices.json`) or the user's.
-- **scaling efficiency**: images/sec per chip over the plan's smallest system of that kind ("derived").
+- **cost**, one bill with the same terms for every row (`Bill`): (chips x price per chip-hour + nodes x host
+  VM per hour where billed apart) x hours, over the training, the evaluation and the set-up before the
+  clock (compiling the steps and starting the job on the accelerator's own hosts: `ASSUMED_SETUP_SEC` for
+  every system, not the compile time of the machine the report was made on), at a price from the shipped
+  dated price file (`prices.json`) or the user's.
+- **scaling efficiency**: the step without its collectives over the step (the same chip at the same batch
+  per chip, communicating nothing): a fixed reference, whichever other rows are listed ("derived").
 - **input pipeline**: host CPU cores each host needs for its share of images/sec, at a per-core rate the user
   gives (`benchmarks/input_pipeline.py` measures one); a check, not part of the step time.
 """
@@ -42,6 +45,11 @@ PRICES_PATH = pathlib.Path(__file__).with_name("prices.json")
 # at 256 images a chip, one device per chip.
 REFERENCE_CONFIG = "tpu_v5e_16"
 GPUS_PER_NODE = 8
+# Seconds billed before the clock starts on every system: compiling the train and evaluation steps and
+# starting the job on the accelerator's own hosts. No published figure times it on a TPU or GPU host (a
+# compile report's compile_sec is the machine it was made on, a 2-core CPU VM for the shipped ones), so one
+# assumption for every row, labelled "assumed", keeps the bills comparable.
+ASSUMED_SETUP_SEC = 300.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +115,7 @@ def load_prices(path: str | pathlib.Path = PRICES_PATH, basis: str = "shipped") 
     Raises:
       ValueError: a malformed entry (named).
     """
-    table = json.loads(pathlib.Path(path).read_text())
+    table = read_json_object(path, "a price table")
     prices = {}
     for kind, entry in table.items():
         if kind.startswith("_"):
@@ -120,7 +128,29 @@ def load_prices(path: str | pathlib.Path = PRICES_PATH, basis: str = "shipped") 
                                  str(entry.get("date", "")), basis, hosts)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"{path}: {kind!r} needs usd_per_chip_hour and source ({e})") from None
+        usds = [prices[kind].usd_per_chip_hour, *(h.usd_per_hour for h in hosts.values())]
+        if not all(math.isfinite(u) and u >= 0 for u in usds):
+            raise ValueError(f"{path}: {kind!r} has a price below 0 or not a number; prices are US dollars "
+                             ">= 0")
     return prices
+
+
+def read_json_object(path: str | pathlib.Path, what: str) -> dict[str, Any]:
+    """The JSON object in the file at `path`.
+
+    Raises:
+      ValueError: the file is not JSON, or holds something other than an object (a list, null, a number):
+        the message names `what` was expected.
+      OSError: the file cannot be read.
+    """
+    try:
+        data = json.loads(pathlib.Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(data, dict):
+        got = "null" if data is None else type(data).__name__
+        raise ValueError(f"{path}: expected {what} (a JSON object), got {got}")
+    return data
 
 
 def price_for(device_kind: str, prices: Mapping[str, Price]) -> Price | None:
@@ -153,7 +183,6 @@ class System:
       chips_per_node: GPUs per node (a host VM is billed per node); 0 for TPUs.
       train, evaluation: the step programs the step model predicts, or None (then `measured_*` or
         `why_not`).
-      setup_sec: billed before the clock starts (compiling the steps), where known.
     """
 
     name: str
@@ -167,7 +196,6 @@ class System:
     eval_steps_per_pass: int = 0
     measured_step_sec: Figure | None = None
     measured_eval_pass_sec: Figure | None = None
-    setup_sec: Figure | None = None
     chips_per_node: int = 0
     why_not: str = ""
     num_train_examples: int = IMAGENET_NUM_TRAIN_EXAMPLES
@@ -183,20 +211,43 @@ class System:
         return plan_lib.EpochLength(self.num_train_examples, self.global_batch)
 
 
+def _positive(mapping: Mapping[str, Any], key: str, what: str) -> int:
+    """`mapping[key]` as a whole number above 0; ValueError naming the field where it is not."""
+    value = mapping.get(key) if isinstance(mapping, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or value != int(value):
+        raise ValueError(f"{what}: {key} is {value!r}; expected a whole number above 0")
+    return int(value)
+
+
+REPORT_FIELDS = ("device_kind", "num_chips", "num_devices", "global_batch_size", "flops_per_device",
+                 "num_train_examples")
+
+
 def system_from_report(report: Mapping[str, Any]) -> System:
-    """A system from a compile report (`python -m resnet_scaling.compile --json_out`, `aot.CompileReport`)."""
-    train, evaluation = step_model.programs_from_report(report)
+    """A system from a compile report (`python -m resnet_scaling.compile --json_out`, `aot.CompileReport`).
+
+    Raises:
+      ValueError: a report without the fields the planner reads, or with a count (chips, devices, batch,
+        examples) that is not a whole number above 0.
+    """
+    missing = [k for k in REPORT_FIELDS if report.get(k) is None]
+    if missing:
+        raise ValueError(f"not a compile report: no {', '.join(missing)} (python -m resnet_scaling.compile "
+                         "--json_out writes one)")
+    for key in ("num_chips", "num_devices", "global_batch_size", "num_train_examples"):
+        _positive(report, key, "compile report")
+    try:
+        train, evaluation = step_model.programs_from_report(report)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"compile report: unreadable collectives or FLOPs ({e!r})") from None
     recipe = Recipe(float(report.get("num_epochs") or CASE_STUDY_RECIPE.num_epochs),
                     float(report.get("eval_every_epochs") or CASE_STUDY_RECIPE.eval_every_epochs),
                     bool(report.get("mlperf_mode")))
-    compile_sec = report.get("compile_sec")
     return System(
         name=report.get("system") or report.get("model", "?"), device_kind=report["device_kind"],
         num_chips=int(report["num_chips"]), num_hosts=int(report.get("num_hosts") or 0),
         global_batch=int(report["global_batch_size"]), recipe=recipe, train=train, evaluation=evaluation,
         eval_steps_per_pass=int(report.get("eval_steps_per_pass") or 0),
-        setup_sec=Figure(compile_sec, "measured", "compiling the train step, as the report timed it on its "
-                         "host CPU") if compile_sec else None,
         num_train_examples=int(report["num_train_examples"]))
 
 
@@ -259,12 +310,21 @@ def system_from_summary(summary: Mapping[str, Any]) -> System:
       WorkloadError: the run trained another workload than ResNet-50 on ImageNet at 224 px (the demo,
         say): its step says nothing about ImageNet's time to target.
     """
-    run, throughput, times = summary["run"], summary["throughput"], summary["time"]
-    config = summary.get("config", {})
+    sections = {k: summary.get(k) for k in ("run", "throughput", "time")}
+    if bad := [k for k, v in sections.items() if not isinstance(v, Mapping)]:
+        raise ValueError(f"not a run's summary.json: no {', '.join(bad)} section")
+    run, throughput, times = sections["run"], sections["throughput"], sections["time"]
+    for key in ("devices", "global_batch_size"):
+        _positive(run, key, "summary.json run")
+    if not isinstance(run.get("device_kind"), str):
+        raise ValueError("summary.json run: no device_kind")
+    rate = throughput.get("images_per_sec")
+    if rate is not None and (not isinstance(rate, (int, float)) or rate <= 0):
+        raise ValueError(f"summary.json throughput: images_per_sec is {rate!r}; expected a number above 0")
+    config = summary.get("config") or {}
     if mismatches := workload_of(config).mismatches:
         raise WorkloadError(f"not the workload the planner plans ({CASE_STUDY_WORKLOAD}): "
                             f"{'; '.join(mismatches)}; its step time says nothing about ImageNet's.")
-    rate = throughput.get("images_per_sec")
     evals = (summary.get("accuracy") or {}).get("num_evals") or 0
     kind = run["device_kind"]
     training = config.get("training", {})
@@ -283,38 +343,41 @@ def system_from_summary(summary: Mapping[str, Any]) -> System:
                                  "summary.json: steady-state images/sec") if rate else None,
         measured_eval_pass_sec=Figure(times["eval_sec"] / evals, "measured", f"summary.json: {evals} "
                                       "evaluations") if evals and times.get("eval_sec") else None,
-        setup_sec=Figure(times["compile_sec"], "measured", "summary.json: compilation")
-        if times.get("compile_sec") else None,
         chips_per_node=(chips // max(processes, 1)) if gpu else 0,
         why_not="the summary has no steady-state images/sec" if not rate else "",
         num_train_examples=int(config.get("data", {}).get("num_train_examples")
                                or IMAGENET_NUM_TRAIN_EXAMPLES))
 
 
-def system_from_config(config: Any, reference_report: Mapping[str, Any] | None = None) -> System:
-    """A system from its config alone, with no compile report of its own: the step model's roofline of a
-    TPU program of the same model (`reference_report`, per image, times the system's batch per chip), or,
-    without a reference, no step (`why_not`). For GPUs, and TPU configs that name no topology."""
-    kind = config.system.device_kind or "?"
-    devices = int(config.mesh.num_devices)
-    chips = max(1, devices // hardware.devices_per_chip(kind))
+def system_from_plan(name: str, device_kind: str, plan: plan_lib.TrainingPlan, recipe: Recipe,
+                     reference_report: Mapping[str, Any] | None = None) -> System:
+    """A system from its run's plan alone, with no compile report of its own: the step model's roofline of
+    a TPU program of the same model (`reference_report`, per image, times the system's batch per chip; a
+    TPU slice on the torus its chip count gives, `step_model.slice_shape`), or, without a reference, no step
+    (`why_not`). For GPUs, and TPU configs that name no topology.
+
+    Args:
+      name, device_kind: the config's `system.name` and `system.device_kind`.
+      plan: the run's derived plan (`config.plan.derive`, its recipe resolved first).
+      recipe: the epochs and evaluations it trains for.
+    """
+    kind = device_kind or "?"
+    chips = max(1, plan.num_devices // hardware.devices_per_chip(kind))
     tpu = "tpu" in kind.lower()
     per_node = 0 if tpu else min(chips, GPUS_PER_NODE)
-    batch = int(config.training.global_batch_size)
-    eval_batch = int(config.eval.global_batch_size or batch)
-    recipe = Recipe(float(config.training.num_epochs),
-                    float(config.mlperf.eval_every_epochs if config.mlperf.enabled
-                          else config.eval.every_epochs),
-                    bool(config.mlperf.enabled))
-    common = dict(name=config.system.name or "?", device_kind=kind, num_chips=chips,
+    batch, eval_batch = plan.global_batch_size, plan.batch.eval_global_batch_size
+    common = dict(name=name or "?", device_kind=kind, num_chips=chips,
                   num_hosts=math.ceil(chips / (per_node or 4)), global_batch=batch, recipe=recipe,
-                  eval_steps_per_pass=math.ceil(int(config.data.num_eval_examples) / eval_batch),
-                  chips_per_node=per_node, num_train_examples=int(config.data.num_train_examples))
+                  eval_steps_per_pass=plan.eval_steps, chips_per_node=per_node,
+                  num_train_examples=plan.num_train_examples)
     if reference_report is None:
         return System(**common, why_not=f"no reference program to scale: the shipped compile report of "
                       f"{REFERENCE_CONFIG} is missing or out of date (python -m resnet_scaling.compile "
                       "--shipped)")
-    train, evaluation = step_model.scaled_programs(kind, chips, per_node, batch / chips, reference_report)
+    try:
+        train, evaluation = step_model.scaled_programs(kind, chips, per_node, batch / chips, reference_report)
+    except ValueError as e:  # A TPU chip count that makes no slices.
+        return System(**common, why_not=str(e))
     evaluation = evaluation and dataclasses.replace(
         evaluation, flops_per_chip=evaluation.flops_per_chip * eval_batch / batch,
         bytes_per_chip=evaluation.bytes_per_chip and evaluation.bytes_per_chip * eval_batch / batch)
@@ -322,11 +385,34 @@ def system_from_config(config: Any, reference_report: Mapping[str, Any] | None =
 
 
 @dataclasses.dataclass(frozen=True)
+class Bill:
+    """What reaching the target costs, in the same terms for every system (US dollars).
+
+    Attributes:
+      accelerators_usd_per_hour: chips x price per chip-hour.
+      hosts_usd_per_hour: host VMs billed apart from the accelerators (a V100's N1 machines), else 0.
+      setup: seconds billed before the clock (`ASSUMED_SETUP_SEC`, the same for every system).
+      train_usd, eval_usd, setup_usd: the clock's training, its evaluations and the set-up at both rates.
+      total_usd, low_usd, high_usd: their sum and its interval (the time's interval; the set-up's fixed).
+    """
+
+    accelerators_usd_per_hour: float
+    hosts_usd_per_hour: float
+    setup: Figure
+    train_usd: float
+    eval_usd: float
+    setup_usd: float
+    total_usd: float
+    low_usd: float
+    high_usd: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Clock:
     """Seconds to the target, its interval and its cost; None where not predicted.
 
     `low_sec`/`high_sec` carry the step's interval (and, in MLPerf mode, the reference runs' fewest and most
-    epochs); `cost_*` add the set-up billed before the clock.
+    epochs); `cost_*` are the bill's total and interval (`bill` has its terms).
     """
 
     epochs: Figure
@@ -338,6 +424,7 @@ class Clock:
     cost_usd: float | None = None
     cost_low_usd: float | None = None
     cost_high_usd: float | None = None
+    bill: Bill | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,7 +445,6 @@ class Prediction:
     time_to_target: Clock
     raw_time_to_target_sec: float | None
     case_study_sec: float | None
-    setup_sec: Figure | None
     price: Price | None
     host: HostPrice | None
     host_cores_needed: Figure | None
@@ -431,20 +517,14 @@ def predict(system: System, fits: Mapping[tuple[str, str], step_model.Calibratio
     rate = system.global_batch / step.value if step.value else None
     chips_per_node = system.chips_per_node
     host = price.host_for(chips_per_node) if price and chips_per_node else None
-    setup = system.setup_sec.value if system.setup_sec else 0.0
-    usd_per_hour = (price.usd_per_chip_hour * system.num_chips + (host.usd_per_hour * system.num_hosts if host
-                                                                  else 0.0)) if price else None
-
-    def cost(seconds: float | None) -> float | None:
-        return None if usd_per_hour is None or seconds is None else (seconds + setup) / 3600 * usd_per_hour
-
     if step.value is not None:
         train, evaluation = _clock_sec(system, epochs.value, step.value, eval_pass)
         total = train + evaluation
         low_total = sum(_clock_sec(system, low_epochs, low, eval_pass and eval_pass * low / step.value))
         high_total = sum(_clock_sec(system, high_epochs, high, eval_pass and eval_pass * high / step.value))
-        clock = Clock(epochs, train, evaluation, total, low_total, high_total, cost(total), cost(low_total),
-                      cost(high_total))
+        bill = None if price is None else _bill(system, price, host, train, evaluation, low_total, high_total)
+        clock = Clock(epochs, train, evaluation, total, low_total, high_total,
+                      bill and bill.total_usd, bill and bill.low_usd, bill and bill.high_usd, bill)
         case_study = _clock_sec(system, recipes.CASE_STUDY_TIMED_EPOCHS, step.value, None)[0]
     else:
         clock, case_study = Clock(epochs, None, None, None), None
@@ -466,21 +546,42 @@ def predict(system: System, fits: Mapping[tuple[str, str], step_model.Calibratio
         num_hosts=system.num_hosts, global_batch=system.global_batch, step_sec=step, step_low_sec=low,
         step_high_sec=high, raw_step_sec=raw, images_per_sec=rate, scaling_efficiency=None,
         time_to_target=clock, raw_time_to_target_sec=raw_total, case_study_sec=case_study,
-        setup_sec=system.setup_sec, price=price, host=host, host_cores_needed=cores)
+        price=price, host=host, host_cores_needed=cores)
 
 
-def with_scaling_efficiency(predictions: Sequence[Prediction]) -> list[Prediction]:
-    """`predictions` with each one's images/sec per chip over the smallest system of its device kind."""
-    smallest: dict[str, Prediction] = {}
-    for p in sorted(predictions, key=lambda p: p.num_chips):
-        if p.images_per_sec:
-            smallest.setdefault(p.device_kind, p)
+def _bill(system: System, price: Price, host: HostPrice | None, train_sec: float, eval_sec: float,
+          low_sec: float, high_sec: float) -> Bill:
+    """The system's bill: every chip and any host VM billed apart, over set-up, training and evaluation."""
+    chips = price.usd_per_chip_hour * system.num_chips
+    hosts = host.usd_per_hour * system.num_hosts if host else 0.0
+    per_sec = (chips + hosts) / 3600
+    setup = Figure(ASSUMED_SETUP_SEC, "assumed", "compiling the steps and starting the job on the "
+                   "accelerator's hosts, the same for every system")
+    setup_usd = setup.value * per_sec
+    return Bill(chips, hosts, setup, train_sec * per_sec, eval_sec * per_sec, setup_usd,
+                (train_sec + eval_sec) * per_sec + setup_usd, low_sec * per_sec + setup_usd,
+                high_sec * per_sec + setup_usd)
+
+
+def with_scaling_efficiency(predictions: Sequence[Prediction],
+                            fits: Mapping[tuple[str, str], step_model.Calibration] | None = None,
+                            systems: Sequence[System] = ()) -> list[Prediction]:
+    """`predictions` with each one's scaling efficiency: its step without its collectives over its step,
+    the same chip at the same batch per chip communicating nothing (a fixed reference: no other row moves
+    it). None for a measured row (its collectives are not known apart) or a system without a program.
+
+    Args:
+      systems: the systems `predictions` were made of, in the same order.
+    """
+    fits = step_model.load_calibrations() if fits is None else fits
     out = []
-    for p in predictions:
-        ref = smallest.get(p.device_kind)
+    for p, system in zip(predictions, systems, strict=True):
         efficiency = None
-        if p.images_per_sec and ref is not None:
-            value = (p.images_per_sec / p.num_chips) / (ref.images_per_sec / ref.num_chips)
-            efficiency = Figure(value, "derived", f"per chip, over {ref.system} ({ref.num_chips} chips)")
+        if system.train is not None and p.step_sec.value and p.step_sec.basis != "measured":
+            alone = dataclasses.replace(system.train, collectives=())
+            isolated = step_model.predict_step(alone, fits).sec
+            if isolated:
+                efficiency = Figure(isolated / p.step_sec.value, "derived", "the step without collectives "
+                                    "over the step: one chip at the same batch per chip")
         out.append(dataclasses.replace(p, scaling_efficiency=efficiency))
     return out

@@ -14,9 +14,13 @@ generation on published results.
   error of seconds per epoch on MLPerf's clock (`fit`); `a` absorbs how far real software is from the
   estimate, `b` the fixed cost of a step (dispatch, infeed, the clock's share of start-up). The shipped fits
   (`step_calibration.json`, written by `benchmarks/planner_checks.py --write_calibration`) carry their
-  leave-one-out errors, which set each prediction's interval.
+  leave-one-out errors (each point predicted by the same procedure run without it, clamps included), which
+  set each prediction's interval.
 
-A generation without a published point borrows a fitted one's (a, b) and says so: "uncalibrated".
+A generation with 1 or 2 published points fits `a` alone (with the `b` of the fit it would borrow); its
+interval is how that borrowed fit misses its points. A generation without a published point borrows a fitted
+one's (a, b) and says so: "uncalibrated", its interval the worst miss measured by predicting each calibrated
+generation of its family (TPU or GPU) with the fit it would borrow (`Calibration.borrow_interval`).
 """
 
 from __future__ import annotations
@@ -45,9 +49,16 @@ BORROWS = {("TPU v2", COMPILED): ("TPU v3", COMPILED), ("TPU v5p", COMPILED): ("
            ("TPU v5p", ROOFLINE): ("TPU v4", ROOFLINE), ("TPU v4", ROOFLINE): ("TPU v3", ROOFLINE),
            ("H200", ROOFLINE): ("H100", ROOFLINE), ("H100", ROOFLINE): ("A100", ROOFLINE),
            ("A100", ROOFLINE): ("V100", ROOFLINE)}
-# Intervals where leave-one-out cannot say: fewer than 3 published points, or none (borrowed). Assumed.
-FEW_POINTS_INTERVAL = 0.25
+# The interval where nothing measured can say (no fit to borrow, or no measured borrowing): an assumption,
+# labelled as such wherever it is used.
+ASSUMED_INTERVAL = 0.25
 MIN_INTERVAL = 0.05
+# The largest slice of each TPU generation, in chips (Cloud TPU's documented maximum slices: v2-512, v3-2048,
+# v4-8192, v5p-17920 count cores, 2 a chip; v5e-256 and v6e-256 count chips); beyond it, slices over DCN.
+MAX_SLICE_CHIPS = {"TPU v2": 256, "TPU v3": 1024, "TPU v4": 4096, "TPU v5p": 8960, "TPU v5e": 256,
+                   "TPU v6e": 256}
+# Generations whose slices are 3-D tori (the others' are 2-D).
+TORUS_3D = ("TPU v4", "TPU v5p")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +126,37 @@ def _torus_steps(group_chips: int, torus: Sequence[int]) -> int:
     return steps + 2 * (left - 1) if left > 1 else steps
 
 
+def _torus_dims(chips: int, rank: int) -> tuple[int, ...]:
+    """`chips` as `rank` dimensions, as even as the factors allow, smallest first (64 -> (4, 4, 4) or
+    (8, 8); 128 -> (4, 4, 8) or (8, 16))."""
+    factors, n, f = [], chips, 2
+    while n > 1:
+        while n % f == 0:
+            factors.append(f)
+            n //= f
+        f += 1
+    dims = [1] * rank
+    for factor in sorted(factors, reverse=True):
+        dims[dims.index(min(dims))] *= factor
+    return tuple(sorted(dims))
+
+
+def slice_shape(generation: str, num_chips: int) -> tuple[tuple[int, ...], int]:
+    """(chips per torus dimension of one slice, slices) of a TPU system given only its chip count: one
+    slice up to the generation's largest (`MAX_SLICE_CHIPS`), else equal slices of that size over DCN; 3-D
+    tori for v4 and v5p, 2-D for the others.
+
+    Raises:
+      ValueError: a chip count that is not a whole number of the largest slices.
+    """
+    largest = MAX_SLICE_CHIPS.get(generation, num_chips)
+    slices = max(1, math.ceil(num_chips / largest))
+    if num_chips % slices:
+        raise ValueError(f"{num_chips} {generation} chips: more than its largest slice ({largest}) and not a "
+                         "whole number of equal slices")
+    return _torus_dims(num_chips // slices, 3 if generation in TORUS_3D else 2), slices
+
+
 def collective_sec(program: StepProgram) -> float:
     """The program's collectives: ring steps x latency plus bytes over the link's bandwidth, per chip."""
     spec, total = program.spec, 0.0
@@ -143,10 +185,13 @@ class Calibration:
     """(a, b) of one generation and base, and how far to trust them.
 
     Attributes:
-      interval: relative half-width of a prediction's interval (the largest leave-one-out error, or an
-        assumed width where there are too few points).
+      interval: relative half-width of a prediction's interval: the largest leave-one-out error (3 or more
+        points), how the borrowed fit misses the points (1 or 2), or, borrowed, `borrow_interval`.
       points: the published results fitted on; empty where borrowed.
+      loo_errors: each point's error predicted by the same fit run without it.
       borrowed_from: the generation whose fit this is, for a generation with no published point.
+      borrow_interval: the interval a generation borrowing this fit gets: the worst miss measured by
+        borrowing whole generations of this family (`borrow_basis` says which); 0 where not measured.
     """
 
     generation: str
@@ -157,14 +202,19 @@ class Calibration:
     points: tuple[str, ...] = ()
     loo_errors: tuple[float, ...] = ()
     borrowed_from: str = ""
+    borrow_interval: float = 0.0
+    borrow_basis: str = ""
 
     @property
     def label(self) -> str:
-        """"calibrated on 8 published points" or "uncalibrated: TPU v3's fit"."""
+        """"calibrated on 8 published points (leave-one-out: at most 11%)" or "uncalibrated: ..."."""
         if self.borrowed_from:
-            return f"uncalibrated: no published {self.generation} point, {self.borrowed_from}'s fit"
+            wide = "; wide" if self.interval > 0.25 else ""
+            return (f"uncalibrated: no published {self.generation} point, {self.borrowed_from}'s fit; "
+                    f"±{self.interval:.0%}: {self.borrow_basis or 'assumed'}{wide}")
         n = len(self.points)
-        return f"calibrated on {n} published point{'s' * (n != 1)}"
+        how = ("leave-one-out" if n >= 3 else "its borrowed fit's miss") if n else "assumed"
+        return f"calibrated on {n} published point{'s' * (n != 1)} (±{self.interval:.0%}: {how})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +233,7 @@ class Observation:
     exact_eval_steps_per_epoch: float
     published_sec_per_epoch: float
     num_chips: int = 0
+    fitted: bool = True  # False: predicted and checked, never fitted on (a program scaled, not compiled).
 
     @property
     def key(self) -> tuple[str, str]:
@@ -223,11 +274,15 @@ def _least_squares(observations: Sequence[Observation], b_fixed: float | None) -
     return a, b_fixed
 
 
-def fit(observations: Sequence[Observation], b_fallback: float = 0.0) -> Calibration:
+def fit(observations: Sequence[Observation], b_fallback: float = 0.0,
+        borrowed_fit: Calibration | None = None) -> Calibration:
     """(a, b) for observations of one generation and base, with leave-one-out errors.
 
-    With 3 or more points both are fitted and the interval is the largest leave-one-out error; with fewer,
-    `a` alone (b = `b_fallback`, from a generation with enough points) and an assumed interval.
+    With 3 or more points both are fitted; with fewer, `a` alone (b = `b_fallback`, from the fit it would
+    borrow). Each point's leave-one-out error comes from the same procedure run without it: a full fit of
+    the rest where 3 or more remain, `a` alone where 1 or 2, `borrowed_fit` where none. The interval is the
+    largest leave-one-out error (3 or more points), else the largest miss of `borrowed_fit` on the points
+    (`ASSUMED_INTERVAL` without one).
 
     Raises:
       ValueError: no observations, or observations of several generations or bases.
@@ -241,12 +296,21 @@ def fit(observations: Sequence[Observation], b_fallback: float = 0.0) -> Calibra
     loo = []
     for i, left_out in enumerate(observations):
         rest = [o for j, o in enumerate(observations) if j != i]
-        if not rest:
-            break
-        a_i, b_i = _least_squares(rest, None if len(rest) >= 3 else b)
+        if rest:
+            a_i, b_i = _least_squares(rest, None if len(rest) >= 3 else b_fallback)
+        elif borrowed_fit is not None:
+            a_i, b_i = borrowed_fit.a, borrowed_fit.b_sec
+        else:
+            continue
         loo.append(left_out.predict(a_i, b_i) / left_out.published_sec_per_epoch - 1)
-    worst = max((abs(e) for e in loo), default=0.0)
-    interval = max(MIN_INTERVAL, worst) if enough else max(FEW_POINTS_INTERVAL, worst)
+    if enough:
+        interval = max(MIN_INTERVAL, *(abs(e) for e in loo))
+    elif borrowed_fit is not None:
+        misses = [o.predict(borrowed_fit.a, borrowed_fit.b_sec) / o.published_sec_per_epoch - 1
+                  for o in observations]
+        interval = max(MIN_INTERVAL, *(abs(e) for e in misses + loo))
+    else:
+        interval = ASSUMED_INTERVAL
     return Calibration(generation, base, a, b, interval, tuple(o.name for o in observations), tuple(loo))
 
 
@@ -263,7 +327,7 @@ def borrowed(key: tuple[str, str], fits: Mapping[tuple[str, str], Calibration]) 
         return None
     own = fits[source]
     return dataclasses.replace(own, generation=key[0], base=key[1], points=(), loo_errors=(),
-                               interval=max(2 * own.interval, FEW_POINTS_INTERVAL),
+                               interval=own.borrow_interval or ASSUMED_INTERVAL,
                                borrowed_from=f"{source[0]} ({source[1]})")
 
 
@@ -273,7 +337,8 @@ def load_calibrations(path: str | pathlib.Path = CALIBRATION_PATH) -> dict[tuple
     fits = {}
     for f in data["fits"]:
         c = Calibration(f["generation"], f["base"], f["a"], f["b_sec"], f["interval"], tuple(f["points"]),
-                        tuple(f["loo_errors"]))
+                        tuple(f["loo_errors"]), borrow_interval=f.get("borrow_interval", 0.0),
+                        borrow_basis=f.get("borrow_basis", ""))
         fits[(c.generation, c.base)] = c
     return fits
 
@@ -355,14 +420,17 @@ def _times(value: float | None, factor: float) -> float | None:
 
 
 def scaled_programs(device_kind: str, num_chips: int, chips_per_node: int, per_chip_batch: float,
-                    reference: Mapping[str, Any]) -> tuple[StepProgram, StepProgram | None]:
+                    reference: Mapping[str, Any], torus: tuple[int, ...] | None = None
+                    ) -> tuple[StepProgram, StepProgram | None]:
     """A system's programs scaled from a compile report of the same model on another chip, where its own
-    cannot be compiled here (a GPU: no GPU compiler without the GPU; a TPU libtpu fails on): FLOPs and HBM
-    bytes per image times the chip's batch, and the gradients' all-reduce over every chip.
+    cannot be compiled here (a GPU: no GPU compiler without the GPU; a TPU libtpu fails on, or a slice too
+    large to compile): FLOPs and HBM bytes per image times the chip's batch, and the gradients' all-reduce
+    over every chip.
 
     Args:
       chips_per_node: GPUs per node (their NVLink domain; the rest of the all-reduce crosses InfiniBand);
-        0 for a TPU slice (one ring over ICI).
+        0 for TPUs: the all-reduce runs over each slice's torus (`torus`, else `slice_shape` of the chip
+        count), then across the slices over DCN.
     """
     ref_train, ref_eval = programs_from_report(reference)
     ref_images = reference["global_batch_size"] / reference["num_chips"]
@@ -370,19 +438,27 @@ def scaled_programs(device_kind: str, num_chips: int, chips_per_node: int, per_c
         "num_chips"]
     scale, eval_scale = per_chip_batch / ref_images, per_chip_batch / ref_eval_images
     gradients = max((c.bytes_per_chip for c in ref_train.collectives if c.kind == "all-reduce"), default=0.0)
-    in_node = min(num_chips, chips_per_node) if chips_per_node else num_chips
-    nodes = math.ceil(num_chips / chips_per_node) if chips_per_node else 1
+    if chips_per_node:
+        in_node, nodes, torus = min(num_chips, chips_per_node), math.ceil(num_chips / chips_per_node), ()
+    elif torus:
+        in_node, nodes = math.prod(torus), max(1, num_chips // math.prod(torus))
+    else:
+        spec = hardware.device_spec(device_kind)
+        torus, nodes = slice_shape(spec.generation if spec else device_kind, num_chips)
+        in_node = math.prod(torus)
     collectives = []
     if in_node > 1:
         collectives.append(CollectiveTraffic("all-reduce", in_node, 1, gradients))
     if nodes > 1:
         collectives.append(CollectiveTraffic("all-reduce", nodes, 1, gradients, across=True))
+    where = f" on a {'x'.join(map(str, torus))} torus" + (f" x {nodes} slices" if nodes > 1 else "") \
+        if torus else ""
     source = (f"{reference.get('system') or 'a'} TPU program's FLOPs and HBM bytes per image x "
-              f"{per_chip_batch:g} images")
+              f"{per_chip_batch:g} images{where}")
     train = StepProgram(device_kind, ref_train.flops_per_chip * scale,
-                        _times(ref_train.bytes_per_chip, scale), None, (), chips_per_node, tuple(collectives),
-                        source)
+                        _times(ref_train.bytes_per_chip, scale), None, torus, chips_per_node,
+                        tuple(collectives), source)
     evaluation = None if ref_eval is None else StepProgram(
         device_kind, ref_eval.flops_per_chip * eval_scale, _times(ref_eval.bytes_per_chip, eval_scale), None,
-        (), chips_per_node, (), source)
+        torus, chips_per_node, (), source)
     return train, evaluation
