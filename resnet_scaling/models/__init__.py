@@ -159,7 +159,11 @@ class ResNet(nn.Module):
         x = x.astype(self.dtype)
         x = conv(self.num_filters, (7, 7), (2, 2), padding=((3, 3), (3, 3)), name="stem_conv")(x)
         x = nn.relu(norm(name="stem_bn")(x))
-        x = max_pool_3x3_s2(x) if lowering == "cpu" else max_pool_3x3_s2_xla(x)
+        # float16 pools as strided maxima on every backend: XLA's GPU partitioner all-gathers a float16
+        # select-and-scatter (the max pool's gradient) to the global batch (8x V100: 495 MiB more every
+        # step, benchmarks/README.md); strided maxima stay per device. Same values and gradients.
+        strided = lowering == "cpu" or self.dtype == jnp.float16
+        x = max_pool_3x3_s2(x) if strided else max_pool_3x3_s2_xla(x)
         for stage, num_blocks in enumerate(self.stage_sizes):
             for block in range(num_blocks):
                 strides = 2 if stage > 0 and block == 0 else 1
