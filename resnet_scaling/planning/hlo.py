@@ -219,3 +219,68 @@ def summarize_by_group(collectives: list[Collective], slice_of_device: Sequence[
         for key in keys:
             rows[key]["count"] += 1
     return sorted(rows.values(), key=lambda r: -int(r["num_elements"]))
+
+
+_DIM_LABELS = re.compile(r"dim_labels=\w+_(\w+)->")
+_LHS_DILATE = re.compile(r"lhs_dilate=([\dx]+)")
+_LHS_CONTRACTING = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
+
+
+def _operand_list(args: str) -> list[str]:
+    """Operand names after an opcode's "(", as any printer writes them: "a, b", "%a, %b" or
+    "f32[2,3]{1,0} %a, ..." (commas inside brackets and braces are not separators)."""
+    names, depth, start = [], 0, 0
+    for i, char in enumerate(args + ")"):
+        if char in "([{":
+            depth += 1
+        elif char in ")]}" and depth:
+            depth -= 1
+        elif depth == 0 and char in ",)":
+            token = args[start:i].split()
+            names.append(token[-1].lstrip("%") if token else "")
+            start = i + 1
+            if char == ")":
+                break
+    return [n for n in names if n]
+
+
+def matmul_flops(hlo_text: str) -> float:
+    """FLOPs of the convolutions and dot products of an HLO module (2 per multiply-add), counted from the
+    shapes its text gives; elementwise operations, reductions and the like are not counted.
+
+    For programs whose compiler reports no cost (XLA's GPU compiler without a GPU): count the module as
+    lowered (`lowered.as_text(dialect="hlo")`), before fusion and rematerialisation. A convolution's output
+    element sums over its kernel's window and input features: the kernel's elements over its output
+    features (`dim_labels`' `o`), padding taps included as published counts include them, the holes of an
+    `lhs_dilate`d input not; a dot's, over the left operand's contracting dimensions.
+    """
+    shapes: dict[str, tuple[int, ...]] = {}
+    flops = 0.0
+    for line in hlo_text.splitlines():
+        match = _INSTRUCTION.match(line)
+        if not match:
+            continue
+        name, shape_text, opcode, rest = match.groups()
+        result = _shapes(shape_text)
+        if len(result) == 1:
+            shapes[name] = result[0][1]
+        if opcode not in ("convolution", "dot") or len(result) != 1:
+            continue
+        operands = [shapes.get(n) for n in _operand_list(rest)]
+        if len(operands) != 2 or None in operands:
+            raise ValueError(f"HLO {opcode} {name!r}: operand shapes not found in the text.")
+        output_elements = math.prod(result[0][1])
+        if opcode == "convolution":
+            labels = _DIM_LABELS.search(rest)
+            kernel = operands[1]
+            output_features = kernel[labels.group(1).index("o")] if labels else 1
+            # An input's gradient through a strided convolution dilates the input with holes: of a window's
+            # taps, 1 / dilation land on values (as the forward pass counts them).
+            dilate = _LHS_DILATE.search(rest)
+            holes = math.prod(int(d) for d in dilate.group(1).split("x")) if dilate else 1
+            flops += 2.0 * output_elements * math.prod(kernel) / output_features / holes
+        else:
+            contracting = _LHS_CONTRACTING.search(rest)
+            dims = [int(d) for d in contracting.group(1).split(",") if d] if contracting else []
+            flops += 2.0 * output_elements * math.prod(operands[0][d] for d in dims)
+    return flops
