@@ -5,7 +5,7 @@
 Needs libtpu (the `tpu` extra), not a TPU. For `configs/pod.py` (ResNet-50, bfloat16, global batch 32,768,
 LARS, 512 TPU v2 cores of topology v2:16x16) it compiles, one after the other in each repeat:
 
-- ours: the trainer's real step (`aot.compile_train_step`: `training_setup.setup(..., abstract=True)`),
+- ours: the trainer's real step (`training_setup.setup(..., abstract=True).compile_train_step()`),
   with the convolution and pooling forms `models` picks for TPUs;
 - ours with the CPU forms (1x1 convolutions as dots, max pooling as strided maxima), which the library
   used on every backend before choosing per backend;
@@ -41,6 +41,7 @@ from resnet_scaling import config as config_lib  # noqa: E402
 from resnet_scaling.job import mesh
 from resnet_scaling.metrics import compiled as compiled_lib
 from resnet_scaling.planning import aot
+from resnet_scaling.training import training_setup
 
 
 def load_config(name: str) -> Any:
@@ -58,7 +59,7 @@ def compile_ours(config: Any, devices: list[Any], lowering: str) -> dict[str, An
     """Compiles the trainer's step with `model.lowering` set; returns seconds, FLOPs and memory."""
     config = config.copy_and_resolve_references()
     config.model.lowering = lowering
-    compiled, run, seconds = aot.compile_train_step(config, devices)
+    compiled, seconds = training_setup.setup(config, devices=devices, abstract=True).compile_train_step()
     return {"compile_sec": seconds, "flops_per_device": compiled_lib.flops_per_device(compiled),
             "memory": compiled_lib.memory_per_device(compiled)}
 

@@ -1,19 +1,27 @@
-"""Entry point: compile the training step ahead of time for a TPU topology, and report on it.
+"""Entry point: compile the training step ahead of time for a TPU topology or GPUs, and report on it.
 
     python -m resnet_scaling.compile --config=pod [--topology=v2:16x16] [--json_out=PATH]
-    python -m resnet_scaling.compile --shipped      # every shipped TPU config, into the package's reports
+    python -m resnet_scaling.compile --config=gpu_v100x8   # 8 V100s, described by XLA's target config
+    python -m resnet_scaling.compile --shipped      # every shipped TPU and GPU config, into the package
 
-Needs libtpu (`pip install -e '.[tpu]'`), not a TPU: libtpu describes the topology's devices. Prints
-per-device memory against the chip's HBM, FLOPs per step and the step's collectives (planning/aot.py).
+Needs libtpu (`pip install -e '.[tpu]'`) for a TPU, JAX's CUDA plugin and ptxas (`pip install -e
+'.[gpu_compile]'`) for a GPU; neither the TPU nor the GPU. Prints per-device memory against the chip's or
+card's, FLOPs per step and the step's collectives (planning/aot.py).
 """
 
 from __future__ import annotations
+
+from resnet_scaling.job import native_noise
+
+if __name__ == "__main__":  # Before the imports below load JAX.
+    native_noise.import_jax_quietly()
 
 import dataclasses
 import json
 import logging
 import os
 
+import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -21,6 +29,7 @@ from resnet_scaling import config as config_lib
 from resnet_scaling.job import errors, process_setup, workdir
 from resnet_scaling.metrics import console
 from resnet_scaling.planning import aot, shipped_reports
+from resnet_scaling.training import training_setup
 
 logger = logging.getLogger("resnet_scaling.compile")  # Not __name__: "__main__" under `python -m`.
 
@@ -28,11 +37,12 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A config file (configs/*.py) or the name of a shipped one (pod, tpu_v2_256, ...).",
     lock_config=True)
 _TOPOLOGY = flags.DEFINE_string("topology", None,
-                                "TPU topology, e.g. v2:16x16 (default: config.system.topology).")
+                                "TPU topology, e.g. v2:16x16 (default: config.system.topology; a config "
+                                "with none compiles for its GPUs, config.system.device_kind).")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the report as JSON to this path.")
-_SHIPPED = flags.DEFINE_bool("shipped", False, "Compile every shipped config that names a TPU topology and "
-                             "write its report into the package (planning/compiled_reports/), where the "
-                             "planner reads it instead of compiling.")
+_SHIPPED = flags.DEFINE_bool("shipped", False, "Compile every shipped config that names a TPU topology "
+                             "or a GPU and write its report into the package (planning/compiled_reports/), "
+                             "where the planner reads it instead of compiling.")
 
 
 def main(argv: list[str]) -> None:
@@ -45,12 +55,8 @@ def main(argv: list[str]) -> None:
     if _CONFIG.value is None:
         raise SystemExit("error: --config is required (or --shipped): the config to compile.")
     config = console.read_config_flag(_CONFIG)
-    topology = _TOPOLOGY.value or config.system.topology
-    if not topology:
-        raise SystemExit("error: no TPU topology to compile for: set config.system.topology or pass "
-                         "--topology=v2:16x16.")
-    try:  # libtpu missing, a topology it cannot describe, an invalid config: one line each.
-        report = aot.compile_for_topology(config, topology)
+    try:  # libtpu or the CUDA plugin missing, a target it cannot describe, an invalid config: one line each.
+        report = compile_config(config, _TOPOLOGY.value or "")
     except errors.RunError as e:
         raise SystemExit(f"error: {e}") from None
     print(aot.format_report(report))
@@ -61,13 +67,25 @@ def main(argv: list[str]) -> None:
         logger.info("Wrote %s.", _JSON_OUT.value)
 
 
-def write_shipped_reports() -> None:
-    """Compiles every shipped TPU config for its topology and writes its report into the package."""
-    names = shipped_reports.shipped_tpu_configs()
+def compile_config(config: ml_collections.ConfigDict, topology: str = "") -> aot.CompileReport:
+    """`config`'s train and evaluation steps compiled for its target (`topology`, else its own TPU topology
+    or GPUs), and their report."""
+    target = aot.target_for(config.system, max(1, config.mesh.num_devices), topology)
+    logger.info("Compiling the %s train and evaluation steps for %s: %d x %s.", config.model.name,
+                target.topology, len(target.devices), target.devices[0].device_kind)
+    run = training_setup.setup(config, devices=target.devices, abstract=True)
+    return aot.build_report(run, target, config_hash=config_lib.config_hash(config),
+                            mlperf_mode=bool(config.mlperf.enabled))
+
+
+def write_shipped_reports(names: list[str] | None = None) -> None:
+    """Compiles every shipped TPU and GPU config (or those of `names`) for its target and writes its report
+    into the package."""
+    names = shipped_reports.shipped_compiled_configs() if names is None else names
     for i, name in enumerate(names, 1):
         config = config_lib.load_config(name)
-        logger.info("%d of %d: compiling %s for %s.", i, len(names), name, config.system.topology)
-        report = aot.compile_for_topology(config)
+        logger.info("%d of %d: %s.", i, len(names), name)
+        report = compile_config(config)
         path = shipped_reports.report_path(name)
         path.parent.mkdir(parents=True, exist_ok=True)
         workdir.write_text_atomically(path, json.dumps(dataclasses.asdict(report), indent=2) + "\n")

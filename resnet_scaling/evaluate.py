@@ -10,10 +10,11 @@ imported.
 
 from __future__ import annotations
 
-from resnet_scaling.job import stopping
+from resnet_scaling.job import native_noise, stopping
 
 if __name__ == "__main__":  # First: a Ctrl-C or SIGTERM during the imports below (seconds) ends in one line.
     stopping.StopSignals.install(safe="nothing was written; rerun the same command to evaluate")
+    native_noise.import_jax_quietly()  # Before the imports below load JAX.
 
 import jax
 

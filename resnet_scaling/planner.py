@@ -21,6 +21,11 @@ interval (`planning/step_model.py`), the recipe's epochs, and one bill at the sh
 
 from __future__ import annotations
 
+from resnet_scaling.job import native_noise
+
+if __name__ == "__main__":  # Before the imports below load JAX.
+    native_noise.import_jax_quietly()
+
 import dataclasses
 import json
 import logging
@@ -93,12 +98,15 @@ def parse_input_rate(text: str) -> planning.Figure:
 
 def _compile_report(config: ml_collections.ConfigDict) -> dict[str, Any]:
     from resnet_scaling.planning import aot
+    from resnet_scaling.training import training_setup
 
-    topology = config.system.topology
+    target = aot.target_for(config.system, max(1, config.mesh.num_devices))
     logger.info("Compiling %s for %s (minutes for a small slice, tens of minutes for a large one on a small "
                 "CPU; `python -m resnet_scaling.compile --json_out` keeps the report for next time).",
-                config.system.name, topology)
-    return dataclasses.asdict(aot.compile_for_topology(config))
+                config.system.name, target.topology)
+    run = training_setup.setup(config, devices=target.devices, abstract=True)
+    return dataclasses.asdict(aot.build_report(run, target, config_hash=config_lib.config_hash(config),
+                                               mlperf_mode=bool(config.mlperf.enabled)))
 
 
 def recipe_of(config: ml_collections.ConfigDict) -> planning.Recipe:
@@ -117,7 +125,8 @@ def system_of_config(name: str, config: ml_collections.ConfigDict) -> planning.S
       ConfigError: the config does not name the devices to plan for, or fails validation.
     """
     if config.system.topology:  # Its devices are the topology's; the compile validates it for them.
-        report = shipped_reports.load_shipped_report(name, config) or _compile_report(config)
+        report = (shipped_reports.load_shipped_report(name, config_lib.config_hash(config))
+                  or _compile_report(config))
         return planning.system_from_report(report)
     devices = int(config.mesh.num_devices)
     if devices < 1:
@@ -322,7 +331,7 @@ def shipped_systems() -> tuple[list[str], list[str]]:
 def _reference() -> dict[str, Any] | None:
     """The shipped compile report a program that cannot be compiled here is scaled from, while current."""
     name = planning.REFERENCE_CONFIG
-    return shipped_reports.load_shipped_report(name, config_lib.load_config(name))
+    return shipped_reports.load_shipped_report(name, config_lib.config_hash(config_lib.load_config(name)))
 
 
 def main(argv: list[str]) -> None:

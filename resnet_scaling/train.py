@@ -8,10 +8,11 @@ prints it and exits). Multi-process jobs (TPU pod slices, SLURM, launch/local.py
 
 from __future__ import annotations
 
-from resnet_scaling.job import stopping
+from resnet_scaling.job import native_noise, stopping
 
 if __name__ == "__main__":  # First: a Ctrl-C or SIGTERM during the imports below (seconds) ends in one line.
     stopping.StopSignals.install(doing="starting")
+    native_noise.import_jax_quietly()  # Before the imports below load JAX.
 
 import functools
 import logging

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import jax
 
-from resnet_scaling.job import distributed, xla_flags
+from resnet_scaling.job import distributed, native_noise, xla_flags
 from resnet_scaling.job import memory as host_memory
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,8 @@ def start_process(*, throughput_flags: bool = True, keep_freed_memory: bool = Tr
     Raises:
       SystemExit: one `error:` line where the job's settings are incomplete or it does not form.
     """
-    if xla_flags.no_accelerator_found():  # No TPU probing (and its error lines) on a CPU machine.
+    cpu_only = xla_flags.no_accelerator_found()
+    if cpu_only:  # No TPU probing (and its error lines) on a CPU machine.
         jax.config.update("jax_platforms", "cpu")
     if throughput_flags and (added := xla_flags.apply_throughput_flags()):
         logger.info("Throughput flags added: %s", added)
@@ -64,8 +65,15 @@ def start_process(*, throughput_flags: bool = True, keep_freed_memory: bool = Tr
         jax.config.update("jax_cpu_enable_async_dispatch", False)
         host_memory.keep_freed_memory()
     try:
-        return distributed.maybe_initialize(coordinator_address, num_processes, process_id,
-                                            initialization_timeout_sec, peer_timeout_sec=peer_timeout_sec,
-                                            complete_checkpoints=complete_checkpoints)
+        job = distributed.maybe_initialize(coordinator_address, num_processes, process_id,
+                                           initialization_timeout_sec, peer_timeout_sec=peer_timeout_sec,
+                                           complete_checkpoints=complete_checkpoints)
     except (ValueError, RuntimeError) as e:  # Incomplete or inconsistent settings; a job that did not form.
         raise SystemExit(f"error: {e}") from None
+    if cpu_only and native_noise.cuda_plugin_installed():
+        # JAX loads every installed plugin's library as its backends start, the CUDA plugin's too (which
+        # then says it found no driver) though only the CPU's starts: started here (after the job formed,
+        # as a job needs), without that line.
+        with native_noise.filtered_stderr(native_noise.CUDA_PLUGIN_NOISE):
+            jax.devices()
+    return job

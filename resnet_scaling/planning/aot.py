@@ -1,10 +1,12 @@
-"""Ahead-of-time compilation of the real training step for a TPU topology this machine does not have.
+"""Ahead-of-time compilation of the real training step for TPUs or GPUs this machine does not have.
 
-The library behind `python -m resnet_scaling.compile --config=configs/pod.py`. libtpu (the `tpu` extra)
-compiles for any TPU topology on a CPU-only machine, over abstract state and batch (nothing allocated).
-The report gives per-device memory against HBM, XLA's FLOPs, libtpu's step-time estimate beside the FLOPs'
+The library behind `python -m resnet_scaling.compile --config=configs/pod.py` (or `--config=gpu_v100x8`).
+libtpu (the `tpu` extra) compiles for any TPU topology on a CPU-only machine, JAX's CUDA plugin (the
+`gpu_compile` extra) for the GPUs of `gpu_targets.py`, over abstract state and batch (nothing allocated).
+The report gives per-device memory against HBM, the FLOPs, libtpu's step-time estimate beside the FLOPs'
 time at peak, and the collectives (multislice: in-slice/ICI and cross-slice/DCN apart), so a config's fit,
-speed and communication are known before a pod is rented.
+speed and communication are known before a pod or a GPU node is rented. The functions here take what
+`training_setup.setup` built (`TrainingSetup`) and a `Target`; the commands read the config.
 """
 
 from __future__ import annotations
@@ -13,18 +15,17 @@ import dataclasses
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
-import ml_collections
 
-from resnet_scaling import config as config_lib
+from resnet_scaling import data as data_lib
 from resnet_scaling.job import mesh as mesh_lib
 from resnet_scaling.job.errors import MissingExtraError, RunError
 from resnet_scaling.metrics import compiled as compiled_lib
 from resnet_scaling.metrics import hardware
-from resnet_scaling.planning import hlo
+from resnet_scaling.planning import gpu_targets, hlo
 from resnet_scaling.training import training_setup
 
 logger = logging.getLogger(__name__)
@@ -81,6 +82,11 @@ class CompileReport:
     largest_collectives: list[dict[str, Any]]
     # The config compiled (`config.config_hash`): a shipped report is used only while its config is unchanged.
     config_hash: str = ""
+    # "tpu" or "gpu" ("" in reports written before GPUs compiled: TPU); where the FLOPs come from: XLA's
+    # cost analysis of the compiled program, or (GPU programs report none) `hlo.matmul_flops` of the
+    # lowered module.
+    platform: str = ""
+    flops_source: str = ""
 
 
 class TopologyError(RunError, RuntimeError):
@@ -135,16 +141,51 @@ def topology_devices(topology: str, chips_per_host_bounds: Sequence[int] = (2, 2
     return list(description.devices)
 
 
-def compile_train_step(config: ml_collections.ConfigDict, devices: Sequence[jax.Device]
-                       ) -> tuple[Any, training_setup.TrainingSetup, float]:
-    """Compiles the trainer's jitted train step for `devices` (real or a topology's) on abstract inputs.
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What a step is compiled for: the devices, described without having them.
 
-    Returns:
-      (compiled step, the abstract setup, compile seconds).
+    Attributes:
+      devices: a TPU topology's (libtpu) or GPUs' (the CUDA plugin).
+      topology: how the report names them ("v2:16x16"; "1x1x8": slices x hosts x GPUs per host).
+      system: the config's system name (`config.system.name`), for the report.
+      device_kind: the chip or card the config names (`config.system.device_kind`), whose memory the report
+        compares with; "" for the devices' own kind.
     """
-    run = training_setup.setup(config, devices=devices, abstract=True)
-    compiled, compile_sec = run.compile_train_step()
-    return compiled, run, compile_sec
+
+    devices: list[jax.Device]
+    topology: str
+    system: str = ""
+    device_kind: str = ""
+
+    @property
+    def platform(self) -> str:
+        return "gpu" if self.devices[0].platform in ("gpu", "cuda") else self.devices[0].platform
+
+
+def target_for(system: Mapping[str, Any], num_devices: int, topology: str = "") -> Target:
+    """The devices a config's `system` section names: its TPU topology (or `topology`), else `num_devices`
+    GPUs of its `device_kind`.
+
+    Raises:
+      MissingExtraError: libtpu (the `tpu` extra) or the CUDA plugin (`gpu_compile`) is not installed.
+      TopologyError, UnknownGpuError: a topology libtpu cannot describe; a card with no description.
+      RunError: the section names neither.
+    """
+    topology = topology or system["topology"]
+    if topology:
+        devices = topology_devices(topology, system["chips_per_host_bounds"], system["num_slices"])
+        return Target(devices, topology, system["name"], system["device_kind"])
+    if not system["device_kind"]:
+        raise RunError("nothing to compile for: set config.system.topology (a TPU topology, or pass "
+                       "--topology=v2:16x16) or config.system.device_kind (a GPU).")
+    devices = gpu_targets.gpu_devices(system["device_kind"], num_devices)
+    return Target(devices, gpu_targets.topology_name(num_devices), system["name"], system["device_kind"])
+
+
+def _lowered_flops(jitted: Callable[..., Any], *args: Any) -> float:
+    """FLOPs of a jitted function's whole (unpartitioned) module as lowered for `args`."""
+    return hlo.matmul_flops(jitted.lower(*args).as_text(dialect="hlo"))
 
 
 def _describe(c: hlo.Collective, slice_of_device: list[int]) -> dict[str, Any]:
@@ -165,54 +206,56 @@ def program_device_slices(hlo_text: str, mesh: jax.sharding.Mesh) -> list[int]:
     return [0] * program_devices if program_devices < len(slices) else slices
 
 
-def compile_for_topology(config: ml_collections.ConfigDict, topology: str = "") -> CompileReport:
-    """`build_report` for the devices of `topology` (default `config.system.topology`), with the config's
-    chips per host and slices: what `python -m resnet_scaling.compile` and the planner compile.
+def build_report(run: training_setup.TrainingSetup, target: Target, *, config_hash: str = "",
+                 mlperf_mode: bool = False, eval_step: bool = True) -> CompileReport:
+    """Compiles `run`'s train step (an abstract setup for `target.devices`): memory, FLOPs, collectives;
+    with `eval_step`, also the evaluation step, for libtpu's estimate of its time (the planner's
+    evaluation cost) and its FLOPs.
 
-    Raises:
-      MissingExtraError, TopologyError: as `topology_devices`; ConfigError: an invalid config.
+    Args:
+      run: `training_setup.setup(config, devices=target.devices, abstract=True)`.
+      config_hash: `config.config_hash(config)`, recorded for the shipped reports.
+      mlperf_mode: the config's `mlperf.enabled` (the planner's epochs are then MLPerf's).
     """
-    topology = topology or config.system.topology
-    devices = topology_devices(topology, config.system.chips_per_host_bounds, config.system.num_slices)
-    logger.info("Compiling the %s train and evaluation steps for %s: %d x %s.", config.model.name, topology,
-                len(devices), devices[0].device_kind)
-    return build_report(config, devices, topology)
-
-
-def build_report(config: ml_collections.ConfigDict, devices: Sequence[jax.Device], topology: str = "",
-                 eval_step: bool = True) -> CompileReport:
-    """Compiles `config`'s train step for `devices`: memory, FLOPs, collectives; with `eval_step`, also
-    the evaluation step, for libtpu's estimate of its time (the planner's evaluation cost)."""
-    compiled, run, compile_sec = compile_train_step(config, devices)
+    compiled, compile_sec = run.compile_train_step()
     compiled_eval = run.compile_eval_step()[0] if eval_step else None
     plan = run.plan
+    devices = target.devices
     num_batch_stats = sum(math.prod(x.shape) for x in jax.tree.leaves(run.state.batch_stats))
     hlo_text = compiled.as_text()
     slice_of_device = program_device_slices(hlo_text, run.mesh)
     collectives = hlo.find_collectives(hlo_text, num_devices=len(slice_of_device))
     largest = sorted(collectives, key=lambda c: c.num_elements, reverse=True)[:8]
     num_slices = mesh_lib.num_mesh_slices(run.mesh)
-    flops_per_device = compiled_lib.flops_per_device(compiled) or 0.0
+    flops_per_device = compiled_lib.flops_per_device(compiled)
+    eval_flops = compiled_eval and compiled_lib.flops_per_device(compiled_eval)
+    flops_source = "XLA's cost analysis"
+    if flops_per_device is None:  # XLA's GPU compiler reports no cost: count the lowered module.
+        flops_source = "convolutions and dots of the lowered module"
+        flops_per_device = _lowered_flops(run.train_step, run.state, run.shaped_batch) / plan.num_devices
+        if compiled_eval is not None:
+            eval_batch = data_lib.shaped_eval_batch(plan.batch, run.sections.data.image_size, run.mesh)
+            eval_flops = _lowered_flops(run.eval_step, run.state, eval_batch) / plan.num_devices
     peak_tflops = hardware.peak_tflops_per_device(devices[0].device_kind)
     return CompileReport(
-        system=config.system.name,
-        topology=topology,
+        system=target.system,
+        topology=target.topology,
         device_kind=devices[0].device_kind,
         num_devices=plan.num_devices,
         num_chips=hardware.chip_count(devices),
         num_hosts=len({d.process_index for d in devices}),
         num_slices=num_slices,
-        model=config.model.name,
-        compute_dtype=config.model.compute_dtype,
+        model=run.sections.model.name,
+        compute_dtype=run.sections.model.compute_dtype,
         global_batch_size=plan.global_batch_size,
         per_device_batch_size=plan.per_device_batch_size,
-        num_train_examples=int(config.data.num_train_examples),
+        num_train_examples=plan.num_train_examples,
         bn_group_size=plan.bn_group_size,
         num_params=run.num_params,
         num_batch_stats=num_batch_stats,
         compile_sec=compile_sec,
         memory_bytes=compiled_lib.memory_per_device(compiled),
-        hbm_bytes_per_device=hardware.hbm_bytes_per_device(devices, config.system.device_kind),
+        hbm_bytes_per_device=hardware.hbm_bytes_per_device(devices, target.device_kind),
         flops_per_device=flops_per_device,
         flops_per_step=flops_per_device * plan.num_devices,
         bytes_accessed_per_device=compiled_lib.bytes_accessed_per_device(compiled),
@@ -221,17 +264,19 @@ def build_report(config: ml_collections.ConfigDict, devices: Sequence[jax.Device
         eval_global_batch_size=plan.batch.eval_global_batch_size,
         eval_steps_per_pass=plan.eval_steps,
         estimated_eval_step_sec=compiled_eval and compiled_lib.estimated_seconds(compiled_eval),
-        eval_flops_per_device=compiled_eval and compiled_lib.flops_per_device(compiled_eval),
+        eval_flops_per_device=eval_flops,
         eval_bytes_accessed_per_device=compiled_eval and compiled_lib.bytes_accessed_per_device(
             compiled_eval),
         num_epochs=plan.epoch_length.epochs(plan.total_steps),
         eval_every_epochs=plan.epoch_length.epochs(plan.eval_every_steps),
-        mlperf_mode=bool(config.mlperf.enabled),
+        mlperf_mode=mlperf_mode,
         collectives=hlo.summarize(collectives),
         collectives_by_slice=hlo.summarize_by_slice(collectives, slice_of_device),
         collectives_by_group=hlo.summarize_by_group(collectives, slice_of_device if num_slices > 1 else None),
         largest_collectives=[_describe(c, slice_of_device) for c in largest],
-        config_hash=config_lib.config_hash(config),
+        config_hash=config_hash,
+        platform=target.platform,
+        flops_source=flops_source,
     )
 
 
@@ -286,11 +331,17 @@ def format_report(report: CompileReport) -> str:
         f"| memory per device: total (+ code, - aliased outputs) | {mib(memory['total'])}, {fits} |",
         f"| FLOPs per device per step | {_flops(report.flops_per_device)} |",
         f"| HBM bytes per device per step (XLA's \"bytes accessed\") | {accessed} |",
-        f"| FLOPs per step (all devices), per image | {_flops(report.flops_per_step)}, {_flops(per_image)} |",
+        f"| FLOPs per step (all devices), per image | {_flops(report.flops_per_step)}, {_flops(per_image)}"
+        f"{f' ({report.flops_source})' if report.platform == 'gpu' else ''} |",
         f"| step time: libtpu's estimate (images/sec), FLOPs at peak | {_step_time(report)} |",
         f"| evaluation step: global batch, steps per pass, libtpu's estimate | "
         f"{report.eval_global_batch_size:,}, {report.eval_steps_per_pass}, {_eval_time(report)} |",
     ]
+    if report.platform == "gpu" and hbm is not None:
+        lines.insert(lines.index(next(line for line in lines if line.startswith("| FLOPs per device"))),
+                     f"| card's memory left for what is chosen only on the card (cuDNN workspaces and "
+                     f"algorithms, autotuned kernels, the CUDA context) | "
+                     f"{(hbm - memory['total']) / hardware.GIB:,.2f} GiB |")
     if multislice:
         for where, network in ((hlo.IN_SLICE, "ICI"), (hlo.CROSS_SLICE, "DCN")):
             entry = report.collectives_by_slice[where]

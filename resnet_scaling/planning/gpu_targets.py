@@ -1,4 +1,4 @@
-"""The NVIDIA GPUs this machine can compile for without having one: XLA's target descriptions, shipped as data.
+"""The NVIDIA GPUs this machine compiles for without having one: XLA's target descriptions, shipped as data.
 
 JAX compiles ahead of time for a GPU it does not have ("deviceless AOT"): the CUDA plugin describes the
 devices from a `GpuTargetConfigProto` in text form, and XLA's GPU compiler builds the program for them with
@@ -10,11 +10,11 @@ cuBLAS's and Triton's tiles are XLA's defaults (docs/compiling_for_gpus.md).
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 
 import jax
 
+from resnet_scaling.job import native_noise
 from resnet_scaling.job.errors import MissingExtraError, RunError
 
 TARGETS_DIR = pathlib.Path(__file__).with_name("gpu_targets")
@@ -56,14 +56,23 @@ def _description_name(text: str) -> str:
     return line.split(":", 1)[1].strip().strip('"')
 
 
+def _target_file(device_kind: str) -> str | None:
+    kind = device_kind.lower()
+    return next((f for substring, f in TARGET_FILES if substring in kind), None)
+
+
+def is_known_card(device_kind: str) -> bool:
+    """Whether a shipped description matches the card `device_kind`."""
+    return _target_file(device_kind) is not None
+
+
 def target_config(device_kind: str) -> str:
     """The `GpuTargetConfigProto` text of the card named `device_kind` ("Tesla V100-SXM2-16GB").
 
     Raises:
       UnknownGpuError: no shipped description matches (the message names the known cards).
     """
-    kind = device_kind.lower()
-    filename = next((f for substring, f in TARGET_FILES if substring in kind), None)
+    filename = _target_file(device_kind)
     if filename is None:
         raise UnknownGpuError(f"no GPU target description for {device_kind!r}; known cards: "
                               f"{', '.join(known_cards())} (config.system.device_kind).")
@@ -80,10 +89,6 @@ def topology_name(num_devices: int) -> str:
     return f"1x{num_devices // GPUS_PER_HOST}x{GPUS_PER_HOST}"
 
 
-def _plugin_installed() -> bool:
-    return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
-
-
 def gpu_devices(device_kind: str, num_devices: int) -> list[jax.Device]:
     """`num_devices` GPUs of the card `device_kind`, described for the compiler (no GPU needed).
 
@@ -92,7 +97,7 @@ def gpu_devices(device_kind: str, num_devices: int) -> list[jax.Device]:
       UnknownGpuError: a card with no shipped description.
     """
     text = target_config(device_kind)  # An unknown card is said first, with or without the plugin.
-    if not _plugin_installed():
+    if not native_noise.cuda_plugin_installed():
         raise MissingExtraError(
             f"ahead-of-time compilation for a GPU needs JAX's CUDA 12 plugin and ptxas, which are not "
             f"installed: pip install 'resnet_scaling[{GPU_EXTRA}]' (from a checkout: pip install -e "
@@ -100,6 +105,7 @@ def gpu_devices(device_kind: str, num_devices: int) -> list[jax.Device]:
     from jax.experimental import topologies
 
     # platform "cuda", not "gpu": the latter is not a plugin's name (jax issue 23971).
-    description = topologies.get_topology_desc(platform="cuda", target_config=text,
-                                               topology=topology_name(num_devices))
+    with native_noise.filtered_stderr(native_noise.CUDA_PLUGIN_NOISE):  # The plugin's "no driver" lines.
+        description = topologies.get_topology_desc(platform="cuda", target_config=text,
+                                                   topology=topology_name(num_devices))
     return list(description.devices)

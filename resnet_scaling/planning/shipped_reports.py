@@ -1,5 +1,5 @@
-"""The compile reports of the shipped TPU configs, kept in the package so that the planner answers in
-seconds: compiling one for its topology takes minutes on a CPU.
+"""The compile reports of the shipped TPU and GPU configs, kept in the package so that the planner answers
+in seconds: compiling one for its topology or GPUs takes minutes on a CPU.
 
 `python -m resnet_scaling.compile --shipped` writes them (`compiled_reports/<config>.json`). Each records
 its config's hash (`config.config_hash`); a report whose config has changed since is not used (the planner
@@ -12,27 +12,39 @@ import json
 import pathlib
 from typing import Any
 
-import ml_collections
-
 from resnet_scaling import config as config_lib
+from resnet_scaling.planning import gpu_targets
 
 REPORTS_DIR = pathlib.Path(__file__).with_name("compiled_reports")
 
 
 def shipped_tpu_configs() -> list[str]:
-    """The shipped configs that name a TPU topology: the ones with a compile report."""
+    """The shipped configs that name a TPU topology."""
     return [name for name in config_lib.shipped_config_names()
             if config_lib.load_config(name).system.topology]
+
+
+def shipped_gpu_configs() -> list[str]:
+    """The shipped configs that name a GPU: a card `gpu_targets` describes, and no TPU topology."""
+    return [name for name in config_lib.shipped_config_names()
+            if gpu_targets.is_known_card((system := config_lib.load_config(name).system).device_kind)
+            and not system.topology]
+
+
+def shipped_compiled_configs() -> list[str]:
+    """The shipped configs with a compile report: those that name a TPU topology or a GPU."""
+    return shipped_tpu_configs() + shipped_gpu_configs()
 
 
 def report_path(name: str) -> pathlib.Path:
     return REPORTS_DIR / f"{name}.json"
 
 
-def load_shipped_report(name: str, config: ml_collections.ConfigDict) -> dict[str, Any] | None:
-    """The shipped report of config `name` if it was compiled from `config` as it is now, else None."""
+def load_shipped_report(name: str, config_hash: str) -> dict[str, Any] | None:
+    """The shipped report of config `name` if it was compiled from the config whose hash is `config_hash`
+    (`config.config_hash(config)`: the config as it is now), else None."""
     path = report_path(name)
     if not path.is_file():
         return None
     report = json.loads(path.read_text())
-    return report if report.get("config_hash") == config_lib.config_hash(config) else None
+    return report if report.get("config_hash") == config_hash else None

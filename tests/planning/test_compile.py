@@ -27,6 +27,7 @@ from resnet_scaling.job import mesh as mesh_lib
 from resnet_scaling.job.mesh import DATA_AXIS, DCN_AXIS
 from resnet_scaling.metrics import hardware
 from resnet_scaling.planning import aot, hlo
+from resnet_scaling.training import training_setup
 from tests.helpers import tiny_config  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -118,9 +119,15 @@ def _resnet_tiny_train_flops_per_image(num_filters: int = 8, num_classes: int = 
 @pytest.fixture(scope="module")
 def per_device_bn_reports(devices):
     """Reports of the per-device-BN step at 2 and 4 images per device (global batch 16 and 32)."""
-    return {per_device: aot.build_report(
+    return {per_device: _report(
         _config(model__bn_group_size=0, training__global_batch_size=8 * per_device), devices, TOPOLOGY)
         for per_device in (2, 4)}
+
+
+def _report(config, devices, topology):
+    """The compile report of `config` on `devices`, as the compile command builds it."""
+    run = training_setup.setup(config, devices=devices, abstract=True)
+    return aot.build_report(run, aot.Target(list(devices), topology, device_kind=config.system.device_kind))
 
 
 def _config(**overrides):
@@ -273,7 +280,7 @@ def test_step_memory_holds_at_least_the_counted_state_batch_and_gradients(per_de
 def test_global_batch_norm_adds_the_backward_statistics(devices):
     """Whole-batch BN also all-reduces each layer's backward sums (which double as the BN parameters'
     gradients), so between params + stats and params + 2 x stats values move."""
-    report = aot.build_report(_config(), devices, TOPOLOGY)
+    report = _report(_config(), devices, TOPOLOGY)
     assert report.bn_group_size is None
     assert set(report.collectives) == {"all-reduce"}
     all_reduced = report.collectives["all-reduce"]["num_elements"]
@@ -377,7 +384,7 @@ def test_two_slice_step_reduces_gradients_in_each_slice_before_crossing_slices(t
     num_filters = 32  # Wide enough that lane padding of the DCN transfers stays small.
     config = _config(model__bn_group_size=4, model__num_filters=num_filters, system__num_slices=NUM_SLICES)
     config.system.device_kind = "TPU v5 lite"
-    report = aot.build_report(config, two_slices, SLICE_TOPOLOGY)
+    report = _report(config, two_slices, SLICE_TOPOLOGY)
     num_params, _, _ = _resnet_tiny_sizes(num_filters)
     assert report.num_slices == 2 and report.num_devices == 8 and report.num_params == num_params
     rows = report.collectives_by_group

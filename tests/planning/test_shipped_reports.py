@@ -26,7 +26,7 @@ def test_each_shipped_tpu_config_has_a_report_compiled_from_it_as_it_is(name):
     path = shipped_reports.report_path(name)
     assert path.is_file(), f"{path} is missing: python -m resnet_scaling.compile --shipped writes it."
     report = json.loads(path.read_text())
-    assert shipped_reports.load_shipped_report(name, config) is not None, (
+    assert shipped_reports.load_shipped_report(name, config_lib.config_hash(config)) is not None, (
         f"configs/{name}.py changed since its report was compiled: regenerate the reports with "
         "python -m resnet_scaling.compile --shipped.")
     assert (report["system"], report["topology"], report["global_batch_size"]) == (
@@ -46,7 +46,7 @@ def test_the_hash_follows_the_settings_not_the_order_they_were_set_in():
     changed = config_lib.load_config("pod")
     with changed.unlocked():
         changed.training.global_batch_size = 16_384
-    assert shipped_reports.load_shipped_report("pod", changed) is None
+    assert shipped_reports.load_shipped_report("pod", config_lib.config_hash(changed)) is None
 
 
 def test_the_planner_with_no_argument_plans_every_shipped_system_in_seconds(shipped_plan):
