@@ -128,6 +128,24 @@ def test_reduced_precision_computes_low_but_keeps_parameters_and_statistics_floa
     assert {v.dtype for v in jax.tree.leaves(state["batch_stats"])} == {jnp.dtype(jnp.float32)}
 
 
+@pytest.mark.parametrize("dtype, select_and_scatter",
+                         [("float32", True), ("bfloat16", True), ("float16", False)])
+def test_float16_pools_as_strided_maxima_on_accelerators_too(dtype, select_and_scatter):
+    """XLA's GPU partitioner all-gathers a float16 select-and-scatter (the max pool's gradient) to the
+    global batch (tests/planning/test_gpu_compile.py); float16 pools as strided maxima, whose gradient is
+    elementwise, while float32 and bfloat16 keep `nn.max_pool` (their programs unchanged)."""
+    model = models.create_model("resnet_tiny", 10, num_filters=8, dtype=dtype, lowering="xla")
+    x = jnp.ones((2, 32, 32, 3))
+    variables = jax.jit(model.init, static_argnames="train")(jax.random.key(0), x, train=False)
+
+    def loss(params, x):
+        logits, _ = model.apply({**variables, "params": params}, x, train=True, mutable=["batch_stats"])
+        return logits.sum()
+
+    jaxpr = str(jax.make_jaxpr(jax.grad(loss, argnums=1))(variables["params"], x))
+    assert ("select_and_scatter" in jaxpr) == select_and_scatter
+
+
 def test_unknown_model_name_is_refused():
     with pytest.raises(ValueError, match="resnet50"):
         models.create_model("resnet51", 10)
