@@ -154,3 +154,41 @@ def test_two_pretend_slices_on_cpu_separate_in_slice_from_cross_slice_reductions
         found = hlo.find_collectives(fn.lower(jnp.ones((16, 5))).compile().as_text(), num_devices=8)
         summary = hlo.summarize_by_slice(found, slices)
         assert summary[where] == {"count": 1, "num_elements": 5, "num_bytes": 20}, summary
+
+
+def test_matmul_flops_counts_convolutions_and_dots_by_their_shapes():
+    """By hand: a 3x3 convolution of 4 into 8 channels onto 2 x 5 x 5 outputs is 2 * 400 * 36 FLOPs; its
+    input's gradient through stride 2 (`lhs_dilate=2x2`) sums over a quarter of the window's taps; a dot
+    of [6, 10] by [10, 3] is 2 * 18 * 10. Elementwise operations do not count; operands are found by name
+    however the printer writes them."""
+    text = """
+HloModule m
+ENTRY main {
+  x = f32[2,7,7,4]{3,2,1,0} parameter(0)
+  %w = f32[3,3,4,8]{3,2,1,0} parameter(1)
+  y = f32[2,5,5,8]{3,2,1,0} convolution(x, %w), window={size=3x3}, dim_labels=b01f_01io->b01f
+  g = f32[2,9,9,4]{3,2,1,0} convolution(f32[2,5,5,8]{3,2,1,0} y, f32[3,3,4,8]{3,2,1,0} %w), GRADIENT_WINDOW
+  a = f32[6,10]{1,0} parameter(2)
+  b = f32[10,3]{1,0} parameter(3)
+  d = f32[6,3]{1,0} dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT s = f32[6,3]{1,0} add(d, d)
+}
+""".replace("GRADIENT_WINDOW", "window={size=3x3 pad=2_2x2_2 lhs_dilate=2x2}, dim_labels=b01f_01oi->b01f")
+    forward = 2 * (2 * 5 * 5 * 8) * (3 * 3 * 4)
+    input_gradient = 2 * (2 * 9 * 9 * 4) * (3 * 3 * 8) / 4
+    assert hlo.matmul_flops(text) == forward + input_gradient + 2 * (6 * 3) * 10
+
+
+def test_matmul_flops_of_a_lowered_convolution_equal_numpys_multiply_adds():
+    """A real lowered module (JAX's printer): a convolution and a dense layer, counted by hand."""
+    x = jax.ShapeDtypeStruct((4, 8, 8, 3), jnp.float32)
+    w = jax.ShapeDtypeStruct((3, 3, 3, 16), jnp.float32)
+    d = jax.ShapeDtypeStruct((16, 10), jnp.float32)
+
+    def f(x, w, d):
+        y = jax.lax.conv_general_dilated(x, w, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return y.mean(axis=(1, 2)) @ d
+
+    text = jax.jit(f).lower(x, w, d).as_text(dialect="hlo")
+    # Each of 4 x 6 x 6 x 16 outputs sums 3 x 3 x 3 products; each of 4 x 10 logits, 16.
+    assert hlo.matmul_flops(text) == 2 * (4 * 6 * 6 * 16 * 27 + 4 * 10 * 16)
