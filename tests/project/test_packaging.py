@@ -143,9 +143,12 @@ def test_the_wheel_with_only_its_declared_dependencies_runs_the_demo_on_a_gs_wor
     names = set(zipfile.ZipFile(wheel).namelist())
     shipped = {p.name for p in (REPO / "configs").glob("*.py")}
     assert {f"resnet_scaling/configs/{name}" for name in shipped} <= names
-    # The shipped TPU configs' compile reports, which the planner reads instead of compiling.
+    # The shipped TPU and GPU configs' compile reports, which the planner reads instead of compiling.
     reports = {p.name for p in (REPO / "resnet_scaling" / "planning" / "compiled_reports").glob("*.json")}
     assert reports and {f"resnet_scaling/planning/compiled_reports/{name}" for name in reports} <= names
+    # XLA's descriptions of the GPUs the compile command compiles for.
+    targets = {p.name for p in (REPO / "resnet_scaling" / "planning" / "gpu_targets").glob("*.txtpb")}
+    assert targets and {f"resnet_scaling/planning/gpu_targets/{name}" for name in targets} <= names
     assert not any(name.startswith(("tests/", "configs/", "benchmarks/")) for name in names)
 
     venv = tmp_path / "venv"
