@@ -11,11 +11,13 @@
 Inputs: compile reports (`python -m resnet_scaling.compile --json_out`), runs' `summary.json` (or workdir),
 configs by name or path, and `--config` with `--config.FIELD=VALUE` overrides as train takes them (a shipped
 TPU config's report ships with the package while the config is unchanged, `planning/shipped_reports.py`;
-other TPU configs are compiled here with libtpu, minutes to tens of minutes each on a small CPU; a GPU
-config, or a TPU config that names no topology, is planned from a TPU program of the same model, per
-image). The command reads each config and its overrides here, resolves its recipe and derives its plan
-once; the planning package takes the plan. One row per system: the step model's calibrated step with its
-interval (`planning/step_model.py`), the recipe's epochs, and one bill at the shipped dated prices
+other TPU configs are compiled here with libtpu, minutes to tens of minutes each on a small CPU; a shipped
+GPU config is planned from its own compiled program, shipped too: FLOPs, collectives and memory fit, HBM
+bytes per image from a TPU program of the same model; another GPU config, or a TPU config that names no
+topology, from that TPU program alone, per image). The command reads each config and its overrides here,
+resolves its recipe and derives its plan once; the planning package takes the plan. One row per system:
+the step model's calibrated step with its interval (`planning/step_model.py`), the recipe's epochs, and
+one bill at the shipped dated prices
 (`planning/prices.json`) or yours; every figure names its basis (`planning/estimates.py`).
 """
 
@@ -134,8 +136,10 @@ def system_of_config(name: str, config: ml_collections.ConfigDict) -> planning.S
                                  "(--config.mesh.num_devices=N).")
     config_lib.validate(config, devices)
     plan = plan_lib.derive(config, int(config.data.num_train_examples), devices)
+    # A shipped GPU config's own compiled program, while the config (overrides included) is as compiled.
+    gpu_report = shipped_reports.load_shipped_report(name, config_lib.config_hash(config))
     return planning.system_from_plan(config.system.name, config.system.device_kind, plan, recipe_of(config),
-                                     _reference())
+                                     _reference(), gpu_report)
 
 
 def load_system(value: str) -> tuple[planning.System, set[str]]:

@@ -12,4 +12,5 @@ imports nothing else of the package.
 | `xla_flags.py` | XLA, libtpu and NCCL flags for throughput per backend; no TPU probe without a TPU |
 | `memory.py` | CPU steps: glibc keeps what a step frees for the next, instead of faulting it in again |
 | `tf_import.py` | TensorFlow, imported late and quietly, where tf.data or TensorBoard needs it |
+| `native_noise.py` | native libraries' loading lines kept off the console (oneDNN; CUDA without a GPU) |
 """

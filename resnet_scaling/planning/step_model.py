@@ -40,6 +40,9 @@ COMPILED, ROOFLINE = "compiled", "roofline"
 # Seconds per ring step of a collective, by link: no published figure for any of them, so these are
 # assumptions (within a few microseconds of what NCCL and XLA's collectives report for small messages), and
 # `b` absorbs their error on the systems a fit covers.
+# What a GPU generation's fit rests on (benchmarks/published_results.json), and what it does not.
+GPU_FIT_NOTE = (" (NVIDIA's MLPerf submissions, MXNet + DALI; this library's own GPU step is unmeasured "
+                "until a GPU run: benchmarks/gpu_check.sh)")
 LINK_LATENCY_SEC = {"ici": 1e-6, "dcn": 10e-6, "nvlink": 2e-6, "infiniband": 5e-6}
 
 # Where a generation without published points takes its (a, b) from: the same compiler on an earlier chip
@@ -379,7 +382,7 @@ def predict_step(program: StepProgram, fits: Mapping[tuple[str, str], Calibratio
     what = "libtpu's estimate" if program.base == COMPILED else "roofline"
     return StepPrediction(sec, sec * (1 - calibration.interval), sec * (1 + calibration.interval), raw,
                           calibration, f"{what} x {calibration.a:.3f} + {calibration.b_sec * 1e3:.2f} ms + "
-                          f"collectives; {calibration.label}")
+                          f"collectives; {calibration.label}{GPU_FIT_NOTE if program.chips_per_node else ''}")
 
 
 def _torus_of(topology: str) -> tuple[int, ...]:

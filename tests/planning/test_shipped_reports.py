@@ -9,19 +9,24 @@ import re
 import pytest
 
 from resnet_scaling import config as config_lib
-from resnet_scaling.planning import shipped_reports
+from resnet_scaling.config import plan as plan_lib
+from resnet_scaling.config import recipes
+from resnet_scaling.planning import estimates, gpu_targets, shipped_reports
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TPU_CONFIGS = shipped_reports.shipped_tpu_configs()
+GPU_CONFIGS = shipped_reports.shipped_gpu_configs()
 
 
-def test_the_shipped_tpu_configs_are_the_ones_with_a_topology():
+def test_the_shipped_tpu_configs_are_the_ones_with_a_topology_the_gpu_configs_name_a_card():
     assert {"pod", "tpu_v2_8", "tpu_v5e_2slices"} <= set(TPU_CONFIGS)
     assert not {"demo", "default", "gpu_h100x8"} & set(TPU_CONFIGS)
+    assert set(GPU_CONFIGS) == {"gpu_v100", "gpu_v100x8", "gpu_a100x8", "gpu_h100x8", "gpu_h200x8"}
+    assert shipped_reports.shipped_compiled_configs() == TPU_CONFIGS + GPU_CONFIGS
 
 
-@pytest.mark.parametrize("name", TPU_CONFIGS)
-def test_each_shipped_tpu_config_has_a_report_compiled_from_it_as_it_is(name):
+@pytest.mark.parametrize("name", TPU_CONFIGS + GPU_CONFIGS)
+def test_each_shipped_config_has_a_report_compiled_from_it_as_it_is(name):
     config = config_lib.load_config(name)
     path = shipped_reports.report_path(name)
     assert path.is_file(), f"{path} is missing: python -m resnet_scaling.compile --shipped writes it."
@@ -29,8 +34,11 @@ def test_each_shipped_tpu_config_has_a_report_compiled_from_it_as_it_is(name):
     assert shipped_reports.load_shipped_report(name, config_lib.config_hash(config)) is not None, (
         f"configs/{name}.py changed since its report was compiled: regenerate the reports with "
         "python -m resnet_scaling.compile --shipped.")
+    topology = config.system.topology or gpu_targets.topology_name(config.mesh.num_devices)
     assert (report["system"], report["topology"], report["global_batch_size"]) == (
-        config.system.name, config.system.topology, config.training.global_batch_size)
+        config.system.name, topology, config.training.global_batch_size)
+    # Every shipped step fits its chip or card.
+    assert report["memory_bytes"]["total"] <= report["hbm_bytes_per_device"]
     assert report["estimated_step_sec"] is None or report["estimated_step_sec"] != 0
     assert report["flops_per_step"] > 0 and report["num_params"] > 0
 
@@ -47,6 +55,29 @@ def test_the_hash_follows_the_settings_not_the_order_they_were_set_in():
     with changed.unlocked():
         changed.training.global_batch_size = 16_384
     assert shipped_reports.load_shipped_report("pod", config_lib.config_hash(changed)) is None
+
+
+def test_a_gpu_row_takes_its_own_compiled_program_and_plans_no_batch_that_does_not_fit():
+    config = recipes.resolve(config_lib.load_config("gpu_v100x8")).config
+    report = shipped_reports.load_shipped_report("gpu_v100x8", config_lib.config_hash(config))
+    reference_name = estimates.REFERENCE_CONFIG
+    reference = shipped_reports.load_shipped_report(
+        reference_name, config_lib.config_hash(config_lib.load_config(reference_name)))
+    plan = plan_lib.derive(config, int(config.data.num_train_examples), int(config.mesh.num_devices))
+    recipe = estimates.Recipe(float(config.training.num_epochs), float(config.eval.every_epochs), False)
+
+    def system(gpu_report):
+        return estimates.system_from_plan(config.system.name, config.system.device_kind, plan, recipe,
+                                          reference, gpu_report)
+
+    planned = system(report)
+    assert planned.train.flops_per_chip == report["flops_per_device"]  # One GPU per chip.
+    assert sum(c.bytes_per_chip for c in planned.train.collectives) == sum(
+        row["num_bytes"] for row in report["collectives_by_group"])
+    assert "compiled for 8 x Tesla V100-SXM2-16GB" in planned.train.source
+    too_big = {**report, "memory_bytes": {**report["memory_bytes"], "total": 17 * 2**30}}
+    refused = system(too_big)
+    assert refused.train is None and "more than the card's 16 GiB" in refused.why_not
 
 
 def test_the_planner_with_no_argument_plans_every_shipped_system_in_seconds(shipped_plan):
