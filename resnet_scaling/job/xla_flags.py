@@ -63,7 +63,8 @@ def no_accelerator_found(env: Mapping[str, str] | None = None, dev_dir: str = "/
 
 def skip_tpu_probe_without_accelerator() -> bool:
     """Pins JAX to the CPU, as the entry points do, where that cannot change which device it would use:
-    no platform chosen (JAX_PLATFORMS, `jax_platforms`), no accelerator's device files, no GPU plugin.
+    no platform chosen (JAX_PLATFORMS, `jax_platforms`), no accelerator's device files, no GPU plugin but
+    a CUDA plugin without its GPUs' device files.
     Returns whether it did. (A backend started earlier can then only be the CPU's: no need to ask JAX's
     private `xla_bridge`.)
 
@@ -73,14 +74,24 @@ def skip_tpu_probe_without_accelerator() -> bool:
     """
     import importlib.metadata
     import importlib.util
+    import pkgutil
     import sys
 
     jax = sys.modules.get("jax")  # Not imported here: `import resnet_scaling` stays fast (a second less).
     chosen = jax.config.jax_platforms if jax is not None else os.environ.get("JAX_PLATFORMS")
     if chosen or not no_accelerator_found():
         return False
-    if importlib.util.find_spec("jax_plugins") or importlib.metadata.entry_points(group="jax_plugins"):
-        return False  # A CUDA or ROCm plugin: its devices may exist without the files looked for here.
+    plugins = {ep.name for ep in importlib.metadata.entry_points(group="jax_plugins")}
+    if importlib.util.find_spec("jax_plugins"):
+        import jax_plugins  # A namespace package: the CUDA plugin's `xla_cuda12` lives in it.
+
+        plugins |= {m.name for m in pkgutil.iter_modules(jax_plugins.__path__)}
+    # A ROCm plugin's devices may exist without the files looked for here; a CUDA plugin's have /dev/nvidia<N>
+    # (or WSL's /dev/dxg). Without them, the CUDA plugin (the `gpu_compile` extra compiles with it) would
+    # only fail to start, in a traceback.
+    cuda_only = all("cuda" in name for name in plugins) and not os.path.exists("/dev/dxg")
+    if plugins and not cuda_only:
+        return False
     if jax is not None:
         jax.config.update("jax_platforms", "cpu")
     else:  # Read by JAX when it is imported.
