@@ -14,7 +14,8 @@ hang in one is recorded and the next one runs; the whole run stays within `--tot
   trainer's own step, compiled ahead of time): images/sec (median of `--repeats` windows of `--steps`
   steps, each synchronised), compile time, XLA's memory analysis and the device's peak_bytes_in_use,
   XLA's FLOPs and MFU against hardware.py's peak.
-- `train_step_fp16_v100`: configs/gpu_v100.py (float16 compute, dynamic loss scaling) at its batch, on
+- `train_step_fp16_v100`: configs/gpu_v100.py (float16 compute, dynamic loss scaling) at its batch (beside
+  its shipped ahead-of-time report: memory and step time against what was compiled without a GPU), on
   synthetic data: images/sec and whether the loss scale stayed finite and sane.
 - `demo`: `python -m resnet_scaling.train --config=demo` end to end: wall time, final top-1 (needs
   TensorFlow: it reads its JPEGs through tf.data; skipped with the reason where TensorFlow is missing).
@@ -276,6 +277,7 @@ def stage_train_step_fp16_v100(args: argparse.Namespace, stage: StageFile) -> No
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config()
+    aot = _shipped_report("gpu_v100", config)
     config.data.source = "synthetic"
     config.mesh.num_devices = args.num_devices
     if args.smoke:
@@ -291,6 +293,38 @@ def stage_train_step_fp16_v100(args: argparse.Namespace, stage: StageFile) -> No
     # The scale halves at every overflowing step and grows only after 2,000 clean ones.
     halvings = round(math.log2(initial_scale / scale)) if scale and math.isfinite(scale) else None
     stage.update(**figures, loss_scale=scale, loss_scale_halvings=halvings, loss_scale_sane=sane)
+    if aot is not None and not args.smoke:  # The same program compiled here without a GPU, and shipped.
+        stage.update(aot_report=_against_aot(aot, figures))
+
+
+def _shipped_report(name: str, config: Any) -> dict[str, Any] | None:
+    """The shipped compile report of config `name` (compiled without a GPU), while `config` is as compiled."""
+    from resnet_scaling import config as config_lib
+    from resnet_scaling.planning import shipped_reports
+
+    return shipped_reports.load_shipped_report(name, config_lib.config_hash(config))
+
+
+def _against_aot(report: dict[str, Any], figures: dict[str, Any]) -> dict[str, Any]:
+    """The real step's memory and time beside the ahead-of-time report's: XLA's buffers (the same count
+    on both sides; the real compile autotunes), the device's peak (cuDNN workspaces and the rest included),
+    and the step time against the report's FLOPs at the card's peak."""
+    memory = figures.get("memory") or {}
+    aot_total = report["memory_bytes"]["total"]
+    step_sec = figures.get("sec_per_step_median")
+    floor = report.get("flop_floor_sec")
+    return {
+        "aot_total_bytes": aot_total,
+        "real_total_bytes": memory.get("total_bytes"),
+        "real_over_aot": memory["total_bytes"] / aot_total if memory.get("total_bytes") else None,
+        "peak_bytes_in_use": memory.get("peak_bytes_in_use"),
+        "peak_over_aot": memory["peak_bytes_in_use"] / aot_total if memory.get("peak_bytes_in_use") else None,
+        "aot_compile_sec": report["compile_sec"],
+        "aot_flops_per_image": report["flops_per_step"] / report["global_batch_size"],
+        "aot_flop_floor_sec": floor,
+        "step_sec": step_sec,
+        "step_over_flop_floor": step_sec / floor if step_sec and floor else None,
+    }
 
 
 CHILD_STAGES = {"environment": stage_environment, "train_step_bf16": stage_train_step_bf16,
@@ -604,6 +638,9 @@ def summarize(stages: dict[str, Any], batch_size: int, smoke: bool = False) -> d
         "fp16_v100_images_per_sec": get("train_step_fp16_v100", "images_per_sec_median"),
         "fp16_v100_loss_scale": get("train_step_fp16_v100", "loss_scale"),
         "fp16_v100_loss_scale_sane": get("train_step_fp16_v100", "loss_scale_sane"),
+        # The real V100 step's memory over the shipped ahead-of-time report's (compiled without a GPU).
+        "fp16_v100_memory_over_aot": get("train_step_fp16_v100", "aot_report", "real_over_aot"),
+        "fp16_v100_peak_over_aot": get("train_step_fp16_v100", "aot_report", "peak_over_aot"),
         "demo_final_top1": get("demo", "final_eval_top1"),
         "demo_wall_sec": stages.get("demo", {}).get("wall_sec") if get("demo", "final_step") else None,
         "input_pipeline_images_per_sec": get("input_pipeline", "library_images_per_sec"),

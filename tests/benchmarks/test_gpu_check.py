@@ -112,3 +112,20 @@ def test_a_stage_past_its_budget_is_stopped(gpu_check, tmp_path):
     returncode, timed_out = gpu_check.run_command([sys.executable, "-c", "import time; time.sleep(600)"],
                                                   dict(os.environ), 1.0, tmp_path / "log")
     assert timed_out and returncode != 0 and time.monotonic() - start < 300
+
+
+def test_the_v100_stage_sets_the_real_step_beside_the_shipped_report_compiled_without_a_gpu(gpu_check):
+    """On a GPU, the float16 stage reads gpu_v100's shipped report (current for the config as shipped) and
+    puts the real step's memory and time beside it: 1.5 x the report's memory measured, at a step of twice
+    the report's FLOPs-at-peak floor."""
+    from resnet_scaling import config as config_lib
+
+    report = gpu_check._shipped_report("gpu_v100", config_lib.load_config("gpu_v100"))
+    assert report is not None and report["platform"] == "gpu"
+    assert report["device_kind"].startswith("Tesla V100")
+    total, floor = report["memory_bytes"]["total"], report["flop_floor_sec"]
+    figures = {"memory": {"total_bytes": total, "peak_bytes_in_use": int(1.5 * total)},
+               "sec_per_step_median": 2 * floor}
+    compared = gpu_check._against_aot(report, figures)
+    assert compared["real_over_aot"] == 1.0 and compared["peak_over_aot"] == pytest.approx(1.5)
+    assert compared["step_over_flop_floor"] == pytest.approx(2.0)

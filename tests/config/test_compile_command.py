@@ -66,8 +66,8 @@ def test_the_planner_given_a_tpu_config_without_libtpu_ends_in_the_same_error_li
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--config=demo"], "error: no TPU topology to compile for: set config.system.topology or pass "
-                        "--topology=v2:16x16."),
+    (["--config=demo"], "error: nothing to compile for: set config.system.topology (a TPU topology, or "
+                        "pass --topology=v2:16x16) or config.system.device_kind (a GPU)."),
     (["--config=tpu_v2_8", "v2:2x2"], "error: unexpected arguments: v2:2x2; the command takes flags only"),
 ])
 def test_a_usage_mistake_is_one_error_line_without_absls_usage_text(tmp_path, args, message):
