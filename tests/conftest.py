@@ -15,6 +15,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # throughput needs), and so do the tests that time compiling.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "true")
 
+# With the CUDA plugin installed (the test extra's gpu_compile), `import jax` loads its libraries, which say
+# they found no driver: imported here first, in every test process, without those lines.
+from resnet_scaling.job import native_noise  # noqa: E402
+
+native_noise.import_jax_quietly()
+
 
 def _share_one_compilation_cache() -> None:
     """One persistent compilation cache for every process the suite launches (the environment carries it):
