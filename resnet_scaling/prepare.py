@@ -16,6 +16,11 @@ killed run (SIGKILL, power loss) leaves its incomplete.* folder, never reused: t
 
 from __future__ import annotations
 
+from resnet_scaling.job import native_noise
+
+if __name__ == "__main__":  # Before the imports below load JAX.
+    native_noise.import_jax_quietly()
+
 import logging
 import os
 import re
