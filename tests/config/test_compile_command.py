@@ -61,8 +61,10 @@ def test_the_planner_given_a_tpu_config_without_libtpu_ends_in_the_same_error_li
         f"error: {tmp_path / 'my_v2_8.py'}: ahead-of-time compilation for a TPU topology needs libtpu"), \
         proc.stderr[-3000:]
     shipped = _compile(["tpu_v2_8"], tmp_path, pythonpath=no_libtpu, command="planner")
-    row = next(line for line in shipped.stdout.splitlines() if line.startswith("| Cloud TPU v2-8"))
-    assert shipped.returncode == 0 and " ms (compiled) |" in row, shipped.stderr[-3000:]
+    assert shipped.returncode == 0, shipped.stderr[-3000:]
+    # Its shipped report's program: libtpu's estimate of it, which only a compiled step has.
+    note = next(line for line in shipped.stdout.splitlines() if line.startswith("- Cloud TPU v2-8"))
+    assert "libtpu's estimate" in note, shipped.stdout[-3000:]
 
 
 @pytest.mark.parametrize("args, message", [
