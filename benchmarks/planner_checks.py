@@ -13,10 +13,12 @@ TPU v3 and v4 and NVIDIA's V100, A100, H100 and H200 submissions. Each becomes a
 model (`resnet_scaling.planning.step_model`): a TPU system from this library's ResNet-50 step compiled with
 the submission's topology, batch and BN span (`compile_args`: the pod config with those fields overridden;
 reports in results/compile/, compiled when missing), a GPU system from the shipped reference program
-scaled to its batch, as the planner plans GPU configs. Its seconds per epoch on MLPerf's clock (training
-and its share of evaluation) are what the fit matches: per generation and base (libtpu's estimate, or the
-roofline), least squares on the relative error; every point is also predicted by the fit of the others
-(leave-one-out), which is the error the check table reports and the planner's interval.
+scaled to its batch, with the FLOPs and collectives of this library's step compiled for its card's
+generation (the shipped GPU configs' reports), as the planner plans GPU configs. Its seconds per epoch on
+MLPerf's clock (training and its share of evaluation) are what the fit matches: per generation and base
+(libtpu's estimate, or the roofline), least squares on the relative error; every point is also predicted
+by the fit of the others (leave-one-out), which is the error the check table reports and the planner's
+interval.
 
 The case study's pod is in no fit (TPU v2 has no published MLPerf result): it is predicted with TPU v3's fit
 and compared with its published 7.9 minutes.
@@ -367,7 +369,9 @@ def observations(reports_dir: Path = REPORTS_DIR, compile_up_to_chips: int = 0,
                  published: Sequence[Mapping[str, Any]] | None = None) -> list[step_model.Observation]:
     """Every published result as the step model sees it: a TPU system from its compile report (libtpu's
     estimate where it gives one, and, where the report has HBM bytes, its roofline too), a GPU system from
-    the shipped reference program scaled to its batch (`planning.system_from_plan`'s model).
+    the shipped reference program scaled to its batch with the FLOPs and collectives of this library's step
+    compiled for its card's generation (`step_model.with_compiled_gpu_step`, as `planning.system_from_plan`
+    plans a shipped GPU config).
 
     A TPU system whose report is missing is compiled if it has at most `compile_up_to_chips` chips; else
     its generation's largest compiled program is scaled to its batch on its own torus, and the observation
@@ -402,6 +406,10 @@ def observations(reports_dir: Path = REPORTS_DIR, compile_up_to_chips: int = 0,
             kind = entry.get("accelerator") or entry["device_kind"]  # "A100-SXM4-80GB": its HBM.
             train, evaluation = step_model.scaled_programs(kind, gpus, min(gpus, per_node),
                                                         entry["global_batch"] / gpus, reference)
+            own = shipped_reports.gpu_report_of_generation(kind)
+            if own is not None:  # As the planner plans a shipped GPU config.
+                train, evaluation = step_model.with_compiled_gpu_step(train, evaluation, own,
+                                                                      entry["global_batch"] / gpus)
         variants = [(train, evaluation)]
         if train.compiled_sec and train.bytes_per_chip:  # The same system's roofline, for its own fit.
             variants.append((dataclasses.replace(train, compiled_sec=None),

@@ -136,10 +136,13 @@ def system_of_config(name: str, config: ml_collections.ConfigDict) -> planning.S
                                  "(--config.mesh.num_devices=N).")
     config_lib.validate(config, devices)
     plan = plan_lib.derive(config, int(config.data.num_train_examples), devices)
-    # A shipped GPU config's own compiled program, while the config (overrides included) is as compiled.
-    gpu_report = shipped_reports.load_shipped_report(name, config_lib.config_hash(config))
-    return planning.system_from_plan(config.system.name, config.system.device_kind, plan, recipe_of(config),
-                                     _reference(), gpu_report)
+    # A shipped GPU config's own compiled program while the config (overrides included) is as compiled;
+    # else, for a GPU, its generation's compiled program per image, as the calibration models GPUs.
+    own = shipped_reports.load_shipped_report(name, config_lib.config_hash(config))
+    kind = config.system.device_kind
+    gpu_report = own or (None if "tpu" in kind.lower() else shipped_reports.gpu_report_of_generation(kind))
+    return planning.system_from_plan(config.system.name, kind, plan, recipe_of(config), _reference(),
+                                     gpu_report, own_gpu_report=own is not None)
 
 
 def load_system(value: str) -> tuple[planning.System, set[str]]:

@@ -351,7 +351,7 @@ def system_from_summary(summary: Mapping[str, Any]) -> System:
 
 def system_from_plan(name: str, device_kind: str, plan: plan_lib.TrainingPlan, recipe: Recipe,
                      reference_report: Mapping[str, Any] | None = None,
-                     gpu_report: Mapping[str, Any] | None = None) -> System:
+                     gpu_report: Mapping[str, Any] | None = None, *, own_gpu_report: bool = True) -> System:
     """A system from its run's plan: the step model's roofline of a TPU program of the same model
     (`reference_report`, per image, times the system's batch per chip; a TPU slice on the torus its chip
     count gives, `step_model.slice_shape`), or, without a reference, no step (`why_not`). For GPUs, and TPU
@@ -361,9 +361,12 @@ def system_from_plan(name: str, device_kind: str, plan: plan_lib.TrainingPlan, r
       name, device_kind: the config's `system.name` and `system.device_kind`.
       plan: the run's derived plan (`config.plan.derive`, its recipe resolved first).
       recipe: the epochs and evaluations it trains for.
-      gpu_report: the config's own GPU compile report (`compile --config=gpu_...`, shipped), whose FLOPs,
-        collectives and memory replace the scaled program's: a batch that does not fit its card is not
-        planned. HBM bytes stay the TPU program's per image (XLA's GPU compiler counts none without a GPU).
+      gpu_report: a GPU compile report (`compile --config=gpu_...`, shipped) whose FLOPs per image and
+        collectives replace the scaled program's (`step_model.with_compiled_gpu_step`). HBM bytes stay the
+        TPU program's per image (XLA's GPU compiler counts none without a GPU).
+      own_gpu_report: `gpu_report` is this config's own: its memory is this batch's, and a batch that
+        does not fit the card is not planned (another config's report, of the same generation, says
+        nothing of this batch's memory).
     """
     kind = device_kind or "?"
     chips = max(1, plan.num_devices // hardware.devices_per_chip(kind))
@@ -388,16 +391,10 @@ def system_from_plan(name: str, device_kind: str, plan: plan_lib.TrainingPlan, r
     if gpu_report is None:
         return System(**common, train=train, evaluation=evaluation)
     memory, card = gpu_report["memory_bytes"]["total"], gpu_report.get("hbm_bytes_per_device")
-    if card and memory > card:
+    if own_gpu_report and card and memory > card:
         return System(**common, why_not=f"the compiled step needs {memory / hardware.GIB:.1f} GiB per GPU, "
                       f"more than the card's {card / hardware.GIB:.0f} GiB: plan a smaller batch per GPU")
-    own_train, own_eval = step_model.programs_from_report(gpu_report)
-    source = (f"this library's step compiled for {gpu_report['num_devices']} x {gpu_report['device_kind']} "
-              "(FLOPs, collectives; HBM bytes per image from " + train.source + ")")
-    train = dataclasses.replace(train, flops_per_chip=own_train.flops_per_chip,
-                                collectives=own_train.collectives, source=source)
-    if evaluation is not None and own_eval is not None:
-        evaluation = dataclasses.replace(evaluation, flops_per_chip=own_eval.flops_per_chip, source=source)
+    train, evaluation = step_model.with_compiled_gpu_step(train, evaluation, gpu_report, batch / chips)
     return System(**common, train=train, evaluation=evaluation)
 
 

@@ -13,6 +13,7 @@ import pathlib
 from typing import Any
 
 from resnet_scaling import config as config_lib
+from resnet_scaling.metrics import hardware
 from resnet_scaling.planning import gpu_targets
 
 REPORTS_DIR = pathlib.Path(__file__).with_name("compiled_reports")
@@ -48,3 +49,22 @@ def load_shipped_report(name: str, config_hash: str) -> dict[str, Any] | None:
         return None
     report = json.loads(path.read_text())
     return report if report.get("config_hash") == config_hash else None
+
+
+def gpu_report_of_generation(device_kind: str) -> dict[str, Any] | None:
+    """The shipped compile report of this library's step on the most GPUs of `device_kind`'s generation
+    (V100, A100, H100, H200: a card of 16 or 32 GB runs the same program), or None: what a GPU system
+    without a report of its own (a what-if, a published system) is modelled from."""
+    spec = hardware.device_spec(device_kind)
+    generation = spec.generation if spec is not None else None
+    best = None
+    for name in shipped_gpu_configs():
+        path = report_path(name)
+        if not generation or not path.is_file():
+            continue
+        report = json.loads(path.read_text())
+        kind = hardware.device_spec(report["device_kind"])
+        if kind is not None and kind.generation == generation and (
+                best is None or report["num_devices"] > best["num_devices"]):
+            best = report
+    return best

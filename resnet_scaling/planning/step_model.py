@@ -418,6 +418,32 @@ def programs_from_report(report: Mapping[str, Any]) -> tuple[StepProgram, StepPr
     return train, evaluation
 
 
+def with_compiled_gpu_step(train: StepProgram, evaluation: StepProgram | None, gpu_report: Mapping[str, Any],
+                           per_chip_batch: float) -> tuple[StepProgram, StepProgram | None]:
+    """`scaled_programs`' GPU programs with what this library's step compiled for the card shows
+    (`gpu_report`, `compile --config=gpu_...`): its FLOPs per image times the batch per GPU, and its
+    collectives (the gradients' all-reduces and the small ones: BN statistics, metrics) over the node's
+    GPUs; the all-reduce across nodes stays the gradients'. The planner's GPU rows and the calibration
+    (benchmarks/planner_checks.py) both model a GPU step this way, so a fit is applied as it was made.
+    HBM bytes stay the scaled program's (XLA's GPU compiler counts none without a GPU); the evaluation's
+    FLOPs move by the training step's ratio."""
+    own_train, _ = programs_from_report(gpu_report)
+    per_gpu = gpu_report["global_batch_size"] / gpu_report["num_devices"]
+    flops = own_train.flops_per_chip * per_chip_batch / per_gpu
+    in_node = max((c.group_chips for c in train.collectives if not c.across), default=1)
+    collectives = tuple(dataclasses.replace(c, group_chips=in_node) for c in own_train.collectives
+                        if in_node > 1 and not c.across)
+    collectives += tuple(c for c in train.collectives if c.across)
+    source = (f"this library's step compiled for {gpu_report['num_devices']} x {gpu_report['device_kind']} "
+              f"(FLOPs per image x {per_chip_batch:g} images, collectives; HBM bytes from {train.source})")
+    ratio = flops / train.flops_per_chip if train.flops_per_chip else 1.0
+    train = dataclasses.replace(train, flops_per_chip=flops, collectives=collectives, source=source)
+    if evaluation is not None:
+        evaluation = dataclasses.replace(evaluation, flops_per_chip=evaluation.flops_per_chip * ratio,
+                                         source=source)
+    return train, evaluation
+
+
 def _times(value: float | None, factor: float) -> float | None:
     return None if value is None else value * factor
 

@@ -162,17 +162,19 @@ def test_a_step_is_a_base_times_a_plus_b_plus_collectives_with_the_fits_interval
 def test_the_shipped_intervals_are_the_ones_measured_by_hand_from_the_published_table():
     """The figures issue #55 measured by deleting points from published_results.json and refitting, and by
     predicting whole generations with the fit they would borrow: TPU v4 left out one at a time -20.7%
-    (8 chips), +17.1% (256), +3.6% (64); H200 with H100's fit -13.9%; TPU v4 from v3 up to +60%, A100 from
-    V100 up to +72%."""
+    (8 chips), +17.1% (256), +3.6% (64); TPU v4 from v3 up to +60%. The GPU figures are the same
+    measurements made again once a GPU step became this library's step compiled for the card (issue #54;
+    `python benchmarks/planner_checks.py`, the borrowing table in benchmarks/README): H200 with H100's fit
+    -14.1% (the issue's -13.9% with the scaled TPU program), A100 from V100 up to +102% (was +72%)."""
     fits = step_model.load_calibrations()
     v4 = fits[("TPU v4", "roofline")]
     assert v4.loo_errors == (pytest.approx(-0.207, abs=1e-3), pytest.approx(0.171, abs=1e-3),
                              pytest.approx(0.036, abs=1e-3))
     assert v4.interval == pytest.approx(0.207, abs=1e-3)
     h200 = fits[("H200", "roofline")]
-    assert h200.interval == pytest.approx(0.139, abs=1e-3) and len(h200.points) == 1
+    assert h200.interval == pytest.approx(0.141, abs=1e-3) and len(h200.points) == 1
     assert fits[("TPU v3", "compiled")].borrow_interval == pytest.approx(0.60, abs=5e-3)
-    assert fits[("H100", "roofline")].borrow_interval == pytest.approx(0.72, abs=5e-3)
+    assert fits[("H100", "roofline")].borrow_interval == pytest.approx(1.02, abs=5e-3)
     # Points with a leave-one-out error (fits of 3 or more): TPU v3 9 (libtpu) + 7 (roofline), v4 3,
     # V100 6, A100 5, H100 5.
     assert sum(len(f.loo_errors) for f in fits.values() if len(f.points) >= 3) == 35
