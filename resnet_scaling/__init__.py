@@ -59,6 +59,10 @@ def __getattr__(name: str) -> Any:
     """Imports a top-level name's module on first use (PEP 562)."""
     if name not in _PUBLIC:
         raise AttributeError(f"module 'resnet_scaling' has no attribute {name!r}")
+    if _PUBLIC[name] != "config":  # The others import JAX: without the CUDA plugin's "no driver" lines.
+        from resnet_scaling.job import native_noise
+
+        native_noise.import_jax_quietly()
     value = getattr(importlib.import_module(f"resnet_scaling.{_PUBLIC[name]}"), name)
     globals()[name] = value  # Later lookups skip this function.
     return value

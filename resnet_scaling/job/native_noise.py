@@ -43,8 +43,19 @@ def cuda_plugin_installed() -> bool:
 
 
 def import_jax_quietly() -> None:
-    """Imports JAX for a command, without the CUDA plugin's "no driver" lines (CUDA_PLUGIN_NOISE)."""
-    if "jax" in sys.modules or not cuda_plugin_installed():
+    """Imports JAX and registers its plugins, without the CUDA plugin's "no driver" lines
+    (CUDA_PLUGIN_NOISE): the commands call it first, the package when a public name first loads.
+
+    The plugin's libraries print at `import jax` and again when JAX registers the plugin, which it does
+    at its first backend, wherever that comes (a device count in validation, the mesh, ...). Registering
+    here, under the filter, leaves no later moment to print; it creates no backend, so a job can still
+    join (`jax.distributed.initialize`) afterwards."""
+    if not cuda_plugin_installed() or "jax_cuda12_plugin" in sys.modules:
         return
     with filtered_stderr(CUDA_PLUGIN_NOISE):
         import jax  # noqa: F401
+        from jax._src import xla_bridge
+
+        register = getattr(xla_bridge, "_discover_and_register_pjrt_plugins", None)  # Private; jax 0.10.
+        if register is not None and not xla_bridge.backends_are_initialized():
+            register()
