@@ -10,7 +10,7 @@ from resnet_scaling import checkpointing, metrics
 from resnet_scaling.checkpointing import preemption
 from resnet_scaling.training import trainer
 from tests.helpers import random_arrays, tiny_config
-from tests.metrics.test_metrics import inject_delays
+from tests.injected_delays import inject_delays
 
 GAP_SEC = 100.0  # Each restart happens this long (on the injected wall clock) after the last launch ended.
 SLEEP_SEC = 0.2  # Injected into set-up, compilation, each evaluation and each save.

@@ -408,14 +408,14 @@ def test_the_host_never_runs_more_than_max_steps_ahead_of_the_devices(monkeypatc
 
 
 def test_ctrl_c_saves_a_checkpoint_of_the_step_it_came_in_and_exits_cleanly(tmp_path):
-    from tests.checkpointing.test_checkpointing import _run_and_signal, _worker_command, _worker_env
+    from tests.worker_runs import run_and_signal, worker_command, worker_env
 
     # Far more steps than run before the signal: a run that ignored it would not end by itself.
     overrides = {"schedule__name": "constant", "schedule__warmup_steps": 0, "checkpoint__enabled": True,
                  "training__num_train_steps": 100_000, "training__log_every_steps": 1,
                  "checkpoint__every_steps": 50}
     workdir = tmp_path / "run"
-    returncode, text, reached, _ = _run_and_signal(_worker_command(workdir, overrides), _worker_env(),
+    returncode, text, reached, _ = run_and_signal(worker_command(workdir, overrides), worker_env(),
                                                    tmp_path / "log.txt", workdir / "checkpoints", at_step=5,
                                                    sig=signal.SIGINT)
     assert returncode == 0 and "Traceback" not in text and "KeyboardInterrupt" not in text, text[-2000:]

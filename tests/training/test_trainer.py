@@ -141,13 +141,3 @@ def test_the_synthetic_path_trains_without_tensorflow(tmp_path):
                           timeout=300)
     assert proc.returncode == 0 and "trained without tensorflow" in proc.stdout, proc.stderr[-3000:]
     assert "TensorBoard summaries off" in proc.stderr  # Asked for, and declined with a warning.
-
-
-def test_the_loop_reports_nothing_to_the_multi_process_job():
-    # The dead-peer message reads the newest checkpoint from disk: no progress side channel from the loop.
-    from tests.project.test_imports import PACKAGE, _module_imports
-
-    assert (PACKAGE / "job" / "distributed.py").is_file()  # The job component exists, as a module of its own.
-    metrics = [f"metrics.{p.stem}" for p in (PACKAGE / "metrics").glob("*.py") if p.stem != "__init__"]
-    for module in ("training.trainer", *metrics):
-        assert "job.distributed" not in _module_imports(module), module
