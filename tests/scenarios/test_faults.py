@@ -313,9 +313,10 @@ def test_a_background_save_that_fails_while_closing_is_named_like_any_failed_sav
     def fail_once_step_6_is_started(self):
         real_wait(self)
         if self.latest_step() == 6:
-            # As a writer that failed leaves it: no finished folder for step 6, and orbax forgets the step.
+            # As a writer that failed leaves it: no finished folder for step 6, and orbax forgets the step
+            # (its public `reload` reads the steps from the directory again).
             shutil.rmtree(self.directory / "6")
-            self._checkpoints.delete_if(lambda info: info.step == 6)
+            self.reload()
             raise ValueError("tensorstore write failed") from OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
 
     monkeypatch.setattr(ocp.CheckpointManager, "wait_until_finished", fail_once_step_6_is_started)
