@@ -8,7 +8,6 @@ import pathlib
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -36,7 +35,13 @@ def test_each_shipped_tpu_config_has_a_report_compiled_from_it_as_it_is(name):
     assert (report["system"], report["topology"], report["global_batch_size"]) == (
         config.system.name, config.system.topology, config.training.global_batch_size)
     assert report["estimated_step_sec"] is None or report["estimated_step_sec"] != 0
-    assert report["flops_per_step"] > 0 and report["num_params"] > 0
+    # Every shipped TPU config trains ResNet-50 on ImageNet at 224 pixels: torchvision's published figures
+    # for it are 25,557,032 parameters and 4.09 GFLOPS (multiply-adds) per image forward; a training step
+    # is about 3 forward passes (the backward pass computes two products per forward one), 2 FLOPs each.
+    assert (config.model.name, config.model.num_classes, config.data.image_size) == ("resnet50", 1000, 224)
+    assert report["num_params"] == 25_557_032
+    per_image_ratio = report["flops_per_step"] / report["global_batch_size"] / (3 * 2 * 4.09e9)
+    assert 0.95 < per_image_ratio < 1.05, per_image_ratio
 
 
 def test_the_hash_follows_the_settings_not_the_order_they_were_set_in():
@@ -55,13 +60,12 @@ def test_the_hash_follows_the_settings_not_the_order_they_were_set_in():
 
 def test_the_planner_with_no_argument_plans_every_shipped_system_in_seconds(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    start = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "resnet_scaling.planner"], cwd=tmp_path,
                             env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300)
-    wall_sec = time.perf_counter() - start
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "Compiling" not in result.stderr, result.stderr  # Nothing compiled: the shipped reports served.
-    assert wall_sec < 60, wall_sec  # Under 30 s on a quiet 2-core VM (benchmarks/README.md).
+    # In seconds because nothing is compiled: the shipped reports served (under 30 s on a quiet 2-core VM,
+    # benchmarks/README.md; a bound on the wall clock here would measure the machine's load instead).
+    assert "Compiling" not in result.stderr, result.stderr
     rows = {line.split("|")[1].strip(): line for line in result.stdout.splitlines()
             if line.startswith("| ") and "---" not in line and not line.startswith("| system |")}
     systems = {n: config_lib.load_config(n).system.name for n in config_lib.shipped_config_names()}
