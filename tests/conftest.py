@@ -52,6 +52,24 @@ def _in_process_cache_dir() -> str:
 
 _share_one_compilation_cache()
 
+
+def _share_one_session_folder() -> None:
+    """A folder for what the whole session builds once and every process reads (the demo's dataset): made by
+    the first conftest to load, as the compilation cache is, and named in the environment for the xdist
+    workers."""
+    if "RESNET_SCALING_TESTS_SESSION_DIR" in os.environ:
+        return
+    import atexit
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="resnet_scaling-tests-session-")
+    os.environ["RESNET_SCALING_TESTS_SESSION_DIR"] = folder
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+
+
+_share_one_session_folder()
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
@@ -124,3 +142,49 @@ def xla_optimizations(request):
         return
     with xla_default_optimizations():
         yield "default"
+
+
+@pytest.fixture(scope="session")
+def demo_dataset() -> dict:
+    """The demo's generated dataset (configs/demo.py: 14,000 JPEGs, half a minute to write), written once per
+    session for every test that runs the demo's data (the demo, the MLPerf demo): the first test to ask
+    writes it under a file lock in the session's folder, the other worker's waits for it and reads it.
+
+    Returns:
+      {"cache_dir": the folder to pass as `--config.data.cache_dir`, "root": the dataset's folder in it,
+      "messages": what the writer logged while it wrote (a user's first run shows these lines)}.
+    """
+    import json
+    import logging
+    import pathlib
+
+    import filelock
+
+    from resnet_scaling.config import load_config
+    from resnet_scaling.data import shapes
+    from resnet_scaling.training import sections
+
+    folder = pathlib.Path(os.environ["RESNET_SCALING_TESTS_SESSION_DIR"]) / "demo_dataset"
+    folder.mkdir(exist_ok=True)
+    record = folder / "written.json"
+    with filelock.FileLock(str(folder) + ".lock"):
+        if not record.exists():
+            # The demo's data section as the command line reads it (its sizes and seed name the folder).
+            data = sections.read(load_config("demo")).data
+            messages = []
+            handler = logging.Handler(logging.INFO)
+            handler.emit = lambda entry: messages.append(entry.getMessage())
+            logger = logging.getLogger(shapes.__name__)
+            level = logger.level
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
+            try:
+                root = shapes.shapes_folder(str(folder / "cache"), num_train=data.num_train_examples,
+                                            num_eval=data.num_eval_examples, image_size=data.image_size,
+                                            seed=data.seed)
+            finally:
+                logger.removeHandler(handler)
+                logger.setLevel(level)
+            record.write_text(json.dumps({"cache_dir": str(folder / "cache"), "root": root,
+                                          "messages": messages}))
+    return json.loads(record.read_text())

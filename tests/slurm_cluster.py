@@ -5,10 +5,12 @@
 
 Requires Debian's `slurm-wlm` and `munge` packages (`.ci/run` installs them where it runs as root with
 apt) and root: the daemons run as root, each cluster in a folder of its own (its config, state, spool
-and logs), on ports of its own, so that xdist's two workers can each run one. Clients find the cluster
-through `SLURM_CONF` in `.env`. The config is the smallest a real cluster runs on: `proctrack/linuxproc`
-(no cgroups in a container), `task/none`, `select/cons_tres`, one partition with this machine's CPUs, and
-`KillWait=30` (SLURM's default: how long tasks have between SIGTERM and SIGKILL when a job is cancelled).
+and logs), on ports of its own, so that xdist's two workers can each run one (the daemons bind them
+themselves; where one could not, another cluster answers or none does, and the next ports are tried).
+Clients find the cluster through `SLURM_CONF` in `.env`. The config is the smallest a real cluster runs on:
+`proctrack/linuxproc` (no cgroups in a container), `task/none`, `select/cons_tres`, one partition with this
+machine's CPUs, and `KillWait=30` (SLURM's default: how long tasks have between SIGTERM and SIGKILL when a job
+is cancelled).
 munged is shared: started if no munged answers, and left running (it keeps no state of a test's).
 """
 
@@ -16,8 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import pathlib
+import re
 import shutil
 import socket
 import subprocess
@@ -123,25 +127,13 @@ def _config(folder: str, node: str, cpus: int, port: int) -> str:
         ""])
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _port_for_this_worker() -> int:
-    """slurmctld's port (slurmd's is the next): xdist's workers (gw0, gw1, ...) get ports of their own,
-    and a cluster already running here (another suite, a benchmark) is stepped around. A daemon that could
-    not bind would leave the clients talking to the other cluster."""
+def _ports_for_this_worker() -> Iterator[int]:
+    """Candidate ports for slurmctld (slurmd's is the next): xdist's workers (gw0, gw1, ...) try ports of
+    their own. A candidate is only a guess: the daemons bind it themselves, and `slurm_cluster` keeps a port
+    only once the cluster that answers on it is the one it started."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     base = 16817 + 10 * int("".join(c for c in worker if c.isdigit()) or 0)
-    for port in range(base, base + 2000, 100):
-        if _free(port) and _free(port + 1):
-            return port
-    raise RuntimeError(f"no free port pair for slurmctld and slurmd in {base}-{base + 2000}")
+    yield from range(base, base + 2000, 100)
 
 
 @contextlib.contextmanager
@@ -151,39 +143,72 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         pytest.skip(reason)
     _start_munged()
     node = socket.gethostname().split(".")[0]
+    failures = []
+    for port in itertools.islice(_ports_for_this_worker(), 5):
+        # A folder per try: slurmctld keeps the cluster's name in its state and refuses another one there.
+        cluster, daemons = _start_cluster(node, port)
+        try:
+            if _answers_as(f"rs{port}", daemons, cluster.env):
+                yield cluster
+                return
+            failures.append(f"port {port}:\n{cluster.log('slurmctld')[-1500:]}")
+        finally:
+            subprocess.run(["scancel", "--full", "--signal=KILL", f"--user={os.getuid()}"], env=cluster.env,
+                           capture_output=True)
+            _stop_daemons(daemons)
+            shutil.rmtree(cluster.folder, ignore_errors=True)
+    raise RuntimeError("the test SLURM cluster did not come up on any port tried:\n" + "\n".join(failures))
+
+
+def _start_cluster(node: str, port: int) -> tuple[SlurmCluster, list[subprocess.Popen]]:
+    """A new folder with the config for `port`, and the two daemons started on it."""
     folder = tempfile.mkdtemp(prefix="resnet_scaling-slurm-")
     for sub in ("state", "spool"):
         os.mkdir(os.path.join(folder, sub))
     conf = os.path.join(folder, "slurm.conf")
     with open(conf, "w") as f:
-        f.write(_config(folder, node, os.cpu_count() or 1, _port_for_this_worker()))
+        f.write(_config(folder, node, os.cpu_count() or 1, port))
     env = {**os.environ, "SLURM_CONF": conf}
     for name in list(env):  # A test run inside a SLURM job must not hand that job's variables on.
         if name.startswith("SLURM_") and name != "SLURM_CONF":
             del env[name]
+    return SlurmCluster(folder, node, env), _start_daemons(conf, node, env)
+
+
+def _start_daemons(conf: str, node: str, env: dict[str, str]) -> list[subprocess.Popen]:
     daemons = [subprocess.Popen([_sbin("slurmctld"), "-D", "-i", "-f", conf], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     daemons.append(subprocess.Popen([_sbin("slurmd"), "-D", "-f", conf, "-N", node], env=env,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    cluster = SlurmCluster(folder, node, env)
-    try:
-        def idle() -> bool:
-            out = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True)
-            return out.stdout.strip() == "idle"
+    return daemons
+
+
+def _answers_as(cluster_name: str, daemons: list[subprocess.Popen], env: dict[str, str]) -> bool:
+    """Whether the daemons just started came up and are the cluster that answers on the config's ports: its
+    node idle, `cluster_name` its name (a daemon that could not bind its port exits, or leaves the clients
+    talking to whoever holds the port: another suite's cluster, a benchmark's)."""
+    def state() -> str:
+        if any(daemon.poll() is not None for daemon in daemons):
+            return "exited"
+        config = subprocess.run(["scontrol", "show", "config"], env=env, capture_output=True,
+                                text=True).stdout
+        if not re.search(rf"^ClusterName\s*=\s*{cluster_name}$", config, flags=re.M):
+            return "other" if config else "starting"  # Nobody answers yet, or another cluster does.
+        out = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True)
+        return "idle" if out.stdout.strip() == "idle" else "starting"
+
+    deadline = time.monotonic() + 30
+    while (now := state()) == "starting" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return now == "idle"
+
+
+def _stop_daemons(daemons: list[subprocess.Popen]) -> None:
+    for daemon in daemons:
+        daemon.terminate()
+    for daemon in daemons:
         try:
-            _wait_for(idle, 30, "the test SLURM cluster did not come up")
-        except RuntimeError as e:
-            logs = f"{cluster.log('slurmctld')[-2000:]}\n{cluster.log('slurmd')[-2000:]}"
-            raise RuntimeError(f"{e}:\n{logs}") from None
-        yield cluster
-    finally:
-        subprocess.run(["scancel", "--full", "--signal=KILL", f"--user={os.getuid()}"], env=env,
-                       capture_output=True)
-        for daemon in daemons:
-            daemon.terminate()
-        for daemon in daemons:
-            try:
-                daemon.wait(10)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-        shutil.rmtree(folder, ignore_errors=True)
+            daemon.wait(10)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()

@@ -80,7 +80,9 @@ def test_only_the_framework_being_timed_runs(torch_baseline, monkeypatch, tmp_pa
             workers.append(self)
 
         def time_repeat(self):
-            deadline = time.monotonic() + 5  # A signal takes effect when the process is next scheduled.
+            # A SIGSTOP takes effect when the process is next scheduled: the test waits for that event (the
+            # others' state "T"); the minute is a guard against a stop that never comes, not a bound.
+            deadline = time.monotonic() + 60
             while True:
                 stopped = {w.name: _process_state(w.process.pid) == "T" for w in workers}
                 if sum(stopped.values()) == len(workers) - 1 or time.monotonic() > deadline:

@@ -1,7 +1,6 @@
 """Checkpoints: exact resume, SIGTERM and SIGKILL, resharding, corrupt and incompatible checkpoints,
 the NaN guard, several processes, and the exported parameters."""
 
-import json
 import os
 import pathlib
 import re
@@ -9,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -27,9 +25,9 @@ from tests.helpers import (
     tiny_config,
     users_compile,
 )
+from tests.worker_runs import committed_steps, compile_sec, run_and_signal
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-WORKER = REPO / "tests" / "train_worker.py"
 
 
 def _config(**overrides):
@@ -212,90 +210,6 @@ def test_a_diverging_run_stops_naming_the_step_and_keeps_the_last_good_checkpoin
 # ------------------------------------------------------------------ real processes
 
 
-def _worker_command(workdir, overrides, **flags):
-    command = [sys.executable, str(WORKER), f"--workdir={workdir}", f"--overrides={json.dumps(overrides)}"]
-    return command + [f"--{k}={v}" if v != "" else f"--{k}" for k, v in flags.items()]
-
-
-def _worker_env():
-    return {**os.environ, "XLA_FLAGS": launch_xla_flags(), "PYTHONUNBUFFERED": "1"}
-
-
-def _committed_steps(checkpoints: pathlib.Path) -> list[int]:
-    """Steps whose checkpoint is complete on disk.
-
-    orbax (0.12) writes a save into `<step>.orbax-checkpoint-tmp*`, writes `commit_success.txt` into it when
-    every item is written, then renames it to `<step>`: a digit-named directory is a committed one.
-    """
-    if not checkpoints.is_dir():
-        return []
-    return sorted(int(p.name) for p in checkpoints.iterdir()
-                  if p.name.isdigit() and (p / "commit_success.txt").is_file())
-
-
-def _logged_steps(log: str) -> list[int]:
-    """The steps a run logged, in order: the worker's lines ("step 5/60 (epoch ...") and the command
-    line's (the time of day, then "step 5/60 (epoch ..."); a line still being written counts once its
-    step number is complete."""
-    return [int(step) for step in re.findall(r"^(?:\d\d:\d\d:\d\d )?step (\d+)/\d+ \(epoch", log, flags=re.M)]
-
-
-def _compile_sec(log: str) -> float:
-    return float(re.search(r"Compiled the train step in ([0-9.]+)s", log).group(1))
-
-
-def _stop(proc: subprocess.Popen) -> bool:
-    """SIGSTOPs `proc`; returns True once all its threads have stopped (waitpid reports the stop only
-    then), False if it had ended."""
-    proc.send_signal(signal.SIGSTOP)
-    _, status = os.waitpid(proc.pid, os.WUNTRACED)
-    if os.WIFSTOPPED(status):
-        return True
-    proc.returncode = os.waitstatus_to_exitcode(status)  # Reaped here: Popen cannot see it any more.
-    return False
-
-
-def _run_and_signal(command, env, log_path, checkpoints, at_step, sig, newer_checkpoint_than=None):
-    """Runs `command` and sends it `sig` at the first step it logs from `at_step` on (and, if asked, once a
-    checkpoint newer than step `newer_checkpoint_than` is committed in `checkpoints`: saves are
-    asynchronous, so a logged save step proves nothing).
-
-    The test reads the run's log late when the machine is loaded, and the run goes on meanwhile. So the
-    run is first stopped (SIGSTOP), what it had done is read while it stands still (the newest step it
-    logged, the committed checkpoints), then `sig` is sent and the run continued (SIGCONT): bounds on what
-    the run does after the signal count from that step, not from the line that triggered the signal.
-
-    Returns:
-      (returncode, log, the newest step logged when the signal was sent, or None if the run ended before
-      it could be signalled, the steps committed then).
-    """
-    with open(log_path, "w") as out:  # A file, not a pipe: the run never waits for the test to read.
-        proc = subprocess.Popen(command, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-    reached, committed = None, []
-    deadline = time.monotonic() + 300  # Generous (a launch takes ~10-40 s): a run that hangs fails here.
-    try:
-        while proc.poll() is None:
-            logged = _logged_steps(log_path.read_text(errors="replace"))
-            if logged and logged[-1] >= at_step and (
-                    newer_checkpoint_than is None
-                    or max(_committed_steps(checkpoints), default=-1) > newer_checkpoint_than):
-                if _stop(proc):
-                    reached = _logged_steps(log_path.read_text(errors="replace"))[-1]
-                    committed = _committed_steps(checkpoints)
-                    proc.send_signal(sig)
-                    if sig != signal.SIGKILL:  # A stopped process dies of SIGKILL as it is.
-                        proc.send_signal(signal.SIGCONT)
-                break
-            assert time.monotonic() < deadline, log_path.read_text(errors="replace")[-3000:]
-            time.sleep(0.05)
-        proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return proc.returncode, log_path.read_text(errors="replace"), reached, committed
-
-
 KILL_OVERRIDES = {"schedule__name": "constant", "schedule__warmup_steps": 0, "checkpoint__enabled": True,
                   "training__num_train_steps": 60, "training__log_every_steps": 1,
                   "checkpoint__every_steps": 7}
@@ -337,13 +251,13 @@ def test_sigterm_and_sigkill_at_random_steps_then_resume_give_the_uninterrupted_
         assert resumed, log[-3000:]
         return int(resumed.group(1))
 
-    first_compile_sec = _compile_sec(run_to_the_end(tmp_path / "reference"))
+    first_compile_sec = compile_sec(run_to_the_end(tmp_path / "reference"))
     run, rng = tmp_path / "run", np.random.default_rng(2026)
     # A try whose run had gone past the chosen steps by the time the test saw a line (a test process starved
     # of CPU reads late) cuts too little: try again from the same state.
     for _ in range(3):
         shutil.rmtree(run, ignore_errors=True)
-        returncode, log, reached, _ = _run_and_signal(command(run), env, tmp_path / "sigterm.log",
+        returncode, log, reached, _ = run_and_signal(command(run), env, tmp_path / "sigterm.log",
                                                       run / "checkpoints", int(rng.integers(9, 30)),
                                                       signal.SIGTERM)
         if reached is not None and reached < 45:  # Leaves the resumed run a checkpoint of its own (49, 56).
@@ -356,14 +270,14 @@ def test_sigterm_and_sigkill_at_random_steps_then_resume_give_the_uninterrupted_
     # It logs every step, so it is never past the step after its newest line: the signal is acted on at
     # the end of the step it came in.
     assert reached <= stopped_at <= reached + 1, (reached, stopped_at)
-    assert _committed_steps(run / "checkpoints")[-1] == stopped_at
+    assert committed_steps(run / "checkpoints")[-1] == stopped_at
 
     shutil.copytree(run, tmp_path / "preempted")
     for attempt in range(3):
         if attempt:
             shutil.rmtree(run)
             shutil.copytree(tmp_path / "preempted", run)
-        returncode, log, reached, committed = _run_and_signal(
+        returncode, log, reached, committed = run_and_signal(
             command(run), env, tmp_path / "sigkill.log", run / "checkpoints",
             int(rng.integers(stopped_at + 1, 50)), signal.SIGKILL, newer_checkpoint_than=stopped_at)
         if reached is not None and reached < 60:
@@ -377,7 +291,7 @@ def test_sigterm_and_sigkill_at_random_steps_then_resume_give_the_uninterrupted_
     # One program (an entry is KEY-cache; with a maximum cache size JAX keeps KEY-atime beside it), loaded by
     # the restart instead of compiled again.
     assert len(list((tmp_path / "compilation_cache").glob("jit_train_step-*-cache"))) == 1
-    assert _compile_sec(last_launch) < 0.5 * first_compile_sec, (first_compile_sec, last_launch[-3000:])
+    assert compile_sec(last_launch) < 0.5 * first_compile_sec, (first_compile_sec, last_launch[-3000:])
     # The newest committed checkpoint: one the killed run wrote (a multiple of 7), no older than those
     # committed when it was killed.
     assert start_step % 7 == 0 and start_step >= committed[-1] > stopped_at, (start_step, committed)

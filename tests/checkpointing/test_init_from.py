@@ -11,7 +11,7 @@ from resnet_scaling.config import ConfigError
 from resnet_scaling.models.weights import from_torchvision
 from resnet_scaling.training import trainer, training_setup
 from tests.helpers import random_arrays, tiny_config
-from tests.models.test_weights import torchvision_state_dict
+from tests.torchvision_weights import torchvision_state_dict
 
 
 def _leaves(tree):

@@ -70,13 +70,11 @@ def test_a_config_file_that_fails_to_load_a_file_is_one_error_line_naming_it(tmp
         "error: cannot load the config file given by --config (no such file: labels_that_are_not_here.txt)")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--config=no_such_config.py"], "error: --config=no_such_config.py: no such config file"),
-    (["--config=pod", "--config.system.topologyy=v2:2x2"],
-     "error: --config.system.topologyy: no such config field; did you mean topology?"),
-])
-def test_compile_reads_its_config_flag_as_train_does(tmp_path, args, message):
-    proc = _run(["-m", "resnet_scaling.compile", *args], tmp_path)
+def test_compile_reads_its_config_flag_as_train_does(tmp_path):
+    # The one reader of --config (train's no-such-file and mistyped-name cases are below): a mistyped field.
+    message = "error: --config.system.topologyy: no such config field; did you mean topology?"
+    proc = _run(["-m", "resnet_scaling.compile", "--config=pod", "--config.system.topologyy=v2:2x2"],
+                tmp_path)
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1].startswith(message), proc.stderr[-3000:]

@@ -317,6 +317,14 @@ def test_validate_refuses_non_positive_sizes(section, name, value):
         validate(config, num_devices=8)
 
 
+def test_validate_refuses_an_infinite_learning_rate_as_the_command_line_reads_it():
+    config = get_base_config()
+    config.optimizer.base_learning_rate = float("inf")  # As `--config.optimizer.base_learning_rate=inf` sets.
+    with pytest.raises(ConfigError) as refused:
+        validate(config, num_devices=8)
+    assert str(refused.value) == "config.optimizer.base_learning_rate: must be finite, got inf."
+
+
 @pytest.mark.parametrize("smoothing", [-0.1, 1.0, 1.5])
 def test_validate_refuses_label_smoothing_out_of_range(smoothing):
     config = get_base_config()

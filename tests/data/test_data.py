@@ -3,7 +3,6 @@
 import itertools
 import logging
 import pathlib
-import threading
 
 import jax
 import numpy as np
@@ -117,29 +116,15 @@ def test_synthetic_source_makes_sharded_batches_on_the_device_and_masks_eval():
     assert sum(m.sum() for m in masks) == 20 and len(masks) == 2
 
 
-def test_synthetic_batches_are_distinct_and_compiled_once():
-    compiles, watching = [], [True]
-    this_thread = threading.get_ident()
-
-    def on_event(event, duration, **kwargs):
-        # This thread's compiles only: a thread an earlier test left behind on this worker (a prefetching
-        # source, say) may compile in the same window (seen once on CI: 3 compiles counted).
-        if watching[0] and event == "/jax/core/compile/backend_compile_duration" and (
-                threading.get_ident() == this_thread):
-            compiles.append(event)
-
-    devices = mesh.create_mesh(8)
-    # A source of another size first compiles what every size shares (the eager key and split ops): run
-    # alone, the test otherwise counted those too (5 compiles), and in the suite as many as the tests
-    # before it on the same worker left uncompiled.
-    data_source(tiny_config(data__source="synthetic", data__image_size=20), devices)
-    jax.monitoring.register_event_duration_secs_listener(on_event)
-    try:  # An image size no other test uses, so that its batch program is not cached yet.
-        config = tiny_config(data__source="synthetic", data__image_size=24)
-        source = data_source(config, devices)
-    finally:
-        watching[0] = False
-    assert len(compiles) == 1  # Not one program per batch.
+def test_synthetic_batches_are_distinct_and_compiled_once(caplog):
+    # JAX names each program it compiles (log_compiles): the batch program's compiles are counted by its
+    # name, whatever else this worker compiled before (the eager key ops, another test's threads).
+    # An image size no other test uses, so that its batch program is not cached yet.
+    config = tiny_config(data__source="synthetic", data__image_size=24)
+    with caplog.at_level(logging.WARNING, logger="jax"), jax.log_compiles(True):
+        source = data_source(config, mesh.create_mesh(8))
+    compiles = [m for m in caplog.messages if m.startswith("Compiling jit(_random_batch)")]
+    assert len(compiles) == 1, compiles  # 4 batches made, one program: not one per batch.
     batches = [np.asarray(jax.device_get(b["images"])) for b in itertools.islice(source.train_batches(), 4)]
     assert all(not np.array_equal(a, b) for a, b in itertools.combinations(batches, 2))
 

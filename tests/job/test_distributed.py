@@ -142,33 +142,53 @@ def test_wait_for_coordinator_gives_up_after_the_timeout():
         start = time.monotonic()
         with pytest.raises(RuntimeError, match=f"Could not reach the coordinator at {address} within 1 s"):
             distributed.wait_for_coordinator(address, timeout_sec=1, poll_sec=0.2)
-    # It gave up: refused connections and 0.2 s polls take well under a second each, however loaded the
-    # machine; a wait that ignored its timeout would still be polling.
-    assert time.monotonic() - start < 60
+    # It gave up (the error), and not before its timeout: a bound that no load can break.
+    assert time.monotonic() - start >= 1
 
 
 def test_train_fails_fast_and_clearly_when_the_coordinator_is_unreachable(tmp_path):
     with held_port(share_with_coordinator=False) as port:
         address = f"127.0.0.1:{port}"
-        start = time.monotonic()
+        # Its own 3 s, not the 300 s default: the error names the timeout it waited out, and a run that
+        # waited out the default would outlast this limit.
         result = subprocess.run(
             [sys.executable, "-m", "resnet_scaling.train", "--config=configs/demo.py",
              f"--workdir={tmp_path}", f"--coordinator_address={address}", "--num_processes=2",
              "--process_id=1", "--initialization_timeout_sec=3"],
-            cwd=REPO, env=_clean_env(), capture_output=True, text=True, timeout=120)
+            cwd=REPO, env=_clean_env(), capture_output=True, text=True,
+            timeout=distributed.DEFAULT_INITIALIZATION_TIMEOUT_SEC / 2)
     assert result.returncode == 1, result.stderr[-2000:]
     assert f"Could not reach the coordinator at {address} within 3 s" in result.stderr
     assert "Traceback" not in result.stderr
-    assert time.monotonic() - start < 90  # imports + 3 s, not the 300 s default or a hang
 
 
 _EXIT_SCRIPT = """
-import os, sys, time
+import os, pathlib, sys, time
 from resnet_scaling.job import distributed
 address, index, leave = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "leave"
 job = distributed.maybe_initialize(address, 2, index, initialization_timeout_sec=60, peer_timeout_sec=30)
+done = pathlib.Path("process_0_is_done")
+if index == 0:
+    done.write_text(str(os.getpid()))  # Then it leaves, or exits at once.
+
+
+def process_0_is_gone():
+    try:
+        os.kill(int(done.read_text()), 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
 if index == 1:
-    time.sleep(4)  # Still winding down (the input pipeline's threads) when process 0 is done.
+    # Still winding down (the input pipeline's threads) when process 0 is done: with `leave`, until process
+    # 0 waits to leave; without it, until process 0 has exited, and then on, as a process whose coordinator
+    # is gone: JAX aborts it meanwhile (a minute without the abort ends it normally, and the test fails).
+    deadline = time.monotonic() + 60
+    while (not done.exists() or not (leave or process_0_is_gone())) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    while not leave and time.monotonic() < deadline:
+        time.sleep(0.05)
 if leave:
     distributed.leave(job)
 print(f"process {index} exits", flush=True)

@@ -13,9 +13,10 @@ GIB = 2**30
 @pytest.mark.parametrize("device_kind, peak, hbm_per_chip", [
     ("Tesla V100-SXM2-16GB", 125.0, 16 * GIB), ("Tesla V100-SXM2-32GB", 125.0, 32 * GIB),
     ("NVIDIA A100-SXM4-40GB", 312.0, 40 * GIB), ("NVIDIA A100-SXM4-80GB", 312.0, 80 * GIB),
-    ("NVIDIA H100 80GB HBM3", 989.0, 80 * GIB), ("NVIDIA H200", 989.0, 141 * 10**9),
-    ("TPU v2", 22.5, 16 * GIB), ("TPU v4", 275.0, 32 * GIB), ("TPU v5 lite", 197.0, 16 * GIB),
-    ("TPU v5", 459.0, 95 * GIB), ("TPU v6 lite", 918.0, 32 * GIB)])
+    ("NVIDIA H100 80GB HBM3", 989.0, 80 * GIB), ("NVIDIA H100 PCIe", 756.0, 80 * GIB),
+    ("NVIDIA H200", 989.0, 141 * 10**9), ("TPU v2", 22.5, 16 * GIB), ("TPU v3", 61.5, 32 * GIB),
+    ("TPU v4", 275.0, 32 * GIB), ("TPU v5 lite", 197.0, 16 * GIB), ("TPU v5", 459.0, 95 * GIB),
+    ("TPU v5p", 459.0, 95 * GIB), ("TPU v6 lite", 918.0, 32 * GIB)])
 def test_one_row_gives_both_the_peak_and_the_hbm(device_kind, peak, hbm_per_chip):
     spec = hardware.device_spec(device_kind)
     assert (spec.peak_tflops_per_device, spec.hbm_bytes_per_chip) == (peak, hbm_per_chip)

@@ -87,10 +87,11 @@ def test_the_readme_gives_these_commands_word_for_word():
 
 
 @pytest.mark.slow
-def test_the_readmes_mlperf_command_trains_to_the_target_and_mlperfs_checker_accepts_its_log(tmp_path):
+def test_the_readmes_mlperf_command_trains_to_the_target_and_mlperfs_checker_accepts_its_log(tmp_path,
+                                                                                            demo_dataset):
     workdir = tmp_path / "demo_mlperf"
-    # The README's command; only the generated JPEGs go to the test's folder, not the user's cache.
-    train = [*_command(TRAIN_COMMAND, workdir), f"--config.data.cache_dir={tmp_path / 'cache'}"]
+    # The README's command; the generated JPEGs are the session's (conftest), not the user's cache.
+    train = [*_command(TRAIN_COMMAND, workdir), f"--config.data.cache_dir={demo_dataset['cache_dir']}"]
     # Compiled as a user's run is (the suite's fast compiles make it 4x slower), in its own workdir.
     env = without_suite_cache(users_compile(_cli_env()))
     proc = subprocess.run(train, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

@@ -110,3 +110,77 @@ def test_a_finished_run_stops_the_mlperf_log_once_and_closing_adds_nothing(tmp_p
     assert keys.count("run_start") == 1 and keys.count("run_stop") == 1
     assert summary["run"]["final_step"] == 4 and summary["run"]["preempted"] is False
     assert json.loads((tmp_path / "summary.json").read_text())["run"]["final_step"] == 4
+
+
+def test_a_preempted_stop_ends_the_mlperf_log_aborted_once_and_closing_adds_nothing(tmp_path):
+    report = _report(tmp_path)
+    report.start(compile_sec=1.0)
+    for step in (1, 2):
+        _step(report, step, 1.0, 0.5)
+    report.stop(None, preempted=True)
+    report.close()
+    events = _mlperf_events(tmp_path)
+    stops = [e for e in events if e["key"] == "run_stop"]
+    assert len(stops) == 1 and stops[0]["metadata"]["status"] == "aborted"
+    assert events.index(stops[0]) > [e["key"] for e in events].index("run_start")
+
+
+def test_an_mlperf_mode_evaluation_at_the_target_stops_the_run_and_the_log_ends_in_success(tmp_path):
+    # 64 images at 16 a step: an epoch is 4 steps, so MLPerf's evaluation every epoch comes after step 4.
+    report = _report(tmp_path, mlperf__enabled=True, mlperf__eval_every_epochs=1)
+    report.start(compile_sec=1.0)
+    for step in range(1, 5):
+        _step(report, step, 1.0, 0.5)
+    below = {"eval_loss": 1.0, "eval_top1": 0.5, "eval_top5": 0.9, "eval_count": 16, "eval_sec": 0.1}
+    assert report.evaluate(4, None, lambda state: below)[1] is False  # Under MLPerf's 0.759: it goes on.
+    for step in range(5, 9):
+        _step(report, step, 1.0, 0.5)
+    at_target = {**below, "eval_top1": 0.8125}  # 13 of 16.
+    record, stops = report.evaluate(8, None, lambda state: at_target)
+    assert stops and record["eval_top1"] == 0.8125
+    report.stop(None, preempted=False)
+    report.close()
+    events = _mlperf_events(tmp_path)
+    accuracies = [(e["value"], e["metadata"]["epoch_num"]) for e in events if e["key"] == "eval_accuracy"]
+    assert accuracies == [(0.5, 1.0), (0.8125, 2.0)]  # Epochs by images seen: 4 and 8 steps x 16 / 64.
+    (stop,) = [e for e in events if e["key"] == "run_stop"]
+    assert stop["metadata"]["status"] == "success"
+
+
+def test_an_exception_that_ends_a_training_run_ends_its_mlperf_log_with_run_stop_aborted(tmp_path,
+                                                                                        monkeypatch):
+    """The loop's `finally` closes the report: a run ended by an error (here its input, at the 3rd batch)
+    leaves a complete MLPerf log, started once and stopped once as aborted, and the error itself."""
+    import dataclasses
+
+    from resnet_scaling.training import trainer, training_setup
+    from tests.helpers import random_arrays
+
+    class InputBroke(RuntimeError):
+        pass
+
+    class BreaksAtTheThirdBatch:
+        def __init__(self, source):
+            self._source = source
+
+        def __getattr__(self, name):
+            return getattr(self._source, name)
+
+        def train_batches(self, start_step: int = 0):
+            for count, batch in enumerate(self._source.train_batches(start_step=start_step), start=1):
+                if count == 3:
+                    raise InputBroke("the input broke")
+                yield batch
+
+    real_setup = training_setup.setup
+    monkeypatch.setattr(training_setup, "setup", lambda *args, **kwargs: dataclasses.replace(
+        run := real_setup(*args, **kwargs), source=BreaksAtTheThirdBatch(run.source)))
+    with pytest.raises(InputBroke):
+        trainer.train_and_evaluate(tiny_config(training__num_train_steps=8), str(tmp_path),
+                                   arrays=random_arrays())
+    events = _mlperf_events(tmp_path)
+    keys = [e["key"] for e in events]
+    assert keys.count("run_start") == 1 and keys.count("run_stop") == 1
+    (stop,) = [e for e in events if e["key"] == "run_stop"]
+    assert stop["metadata"]["status"] == "aborted" and keys.index("run_stop") > keys.index("run_start")
+    assert not (tmp_path / "summary.json").exists()  # The run did not finish.

@@ -16,8 +16,14 @@ def _github_anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def test_there_are_docs_pages():
-    assert len(PAGES) >= 10 and all(page.is_file() for page in PAGES)
+def test_the_readmes_reading_table_lists_every_docs_page():
+    """The README's "Further reading" table is the index of docs/: each page it links exists, and every
+    page in docs/ is in it (so the link checks below read every page a user is pointed to)."""
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("## Further reading"):].split("\n## ")[0]
+    linked = set(re.findall(r"\]\((docs/[\w.-]+\.md)\)", table))
+    assert linked == {str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")}, linked
+    assert all(page.is_file() for page in PAGES)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))

@@ -214,3 +214,30 @@ def test_the_multi_process_job_imports_nothing_of_the_library_and_the_workdir_on
     atomic writes, the lock) sits on the errors and the lazy TensorFlow import only."""
     assert _module_imports("job.distributed") == set()
     assert _module_imports("job.workdir") <= {"job.errors", "job.tf_import"}
+
+
+def test_the_loop_reports_nothing_to_the_multi_process_job():
+    # The dead-peer message reads the newest checkpoint from disk: no progress side channel from the loop.
+    assert (PACKAGE / "job" / "distributed.py").is_file()  # The job component exists, as a module of its own.
+    metrics = [f"metrics.{p.stem}" for p in (PACKAGE / "metrics").glob("*.py") if p.stem != "__init__"]
+    for module in ("training.trainer", *metrics):
+        assert "job.distributed" not in _module_imports(module), module
+
+
+def test_no_test_module_imports_another_test_module():
+    """What tests share lives in the helper modules beside them (tests/helpers.py, tests/worker_runs.py,
+    ...): a test module imported by another runs its module-level code twice and ties two files together."""
+    tests = PACKAGE.parent / "tests"
+    test_modules = {".".join(p.relative_to(tests.parent).with_suffix("").parts)
+                    for p in tests.rglob("test_*.py")}
+    imported = set()
+    for path in tests.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:  # `from tests.x import test_y` too.
+                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            imported |= {(path.name, name) for name in names if name in test_modules}
+    assert imported == set()

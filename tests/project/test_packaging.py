@@ -316,8 +316,9 @@ def test_the_guard_table_names_modules_and_tests_that_exist():
     """Each guard's row in docs/how_it_works.md names a module of the package and a test module of tests/
     that exist."""
     page = (REPO / "docs" / "how_it_works.md").read_text()
-    rows = re.findall(r"^\| (\w[\w ]*) \| .* \| `([\w/]+\.py)` \| `(test_\w+)` \|$", page, re.M)
-    assert len(rows) >= 8, page
+    table = page[page.index("| guard |"):].split("\n\n")[0].splitlines()[2:]  # Past the header and |---|.
+    rows = re.findall(r"^\| (\w[\w ]*) \| .* \| `([\w/]+\.py)` \| `(test_\w+)` \|$", "\n".join(table), re.M)
+    assert len(rows) == len(table) > 0, table  # Every row of the table read, none skipped as malformed.
     for guard, module, test in rows:
         assert (REPO / "resnet_scaling" / module).is_file(), (guard, module)
-        assert len(list((REPO / "tests").glob(f"*/{test}.py"))) == 1, (guard, test)
+        assert len(list((REPO / "tests").rglob(f"{test}.py"))) == 1, (guard, test)  # In its package's folder.

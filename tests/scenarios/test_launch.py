@@ -456,16 +456,20 @@ def test_the_launcher_forwards_a_stop_signal_and_waits_a_bounded_time(tmp_path, 
               "time.sleep(600)\n")
     launcher = _launch(tmp_path, script, "--stop_timeout_sec=1")
     try:
+        # The pid files are written after the handlers are installed: both processes are ready for it.
         _wait_for(lambda: (tmp_path / "pid-0").exists() and (tmp_path / "pid-1").exists())
-        time.sleep(0.2)  # the pid files are written after the handlers are installed
+        signalled = time.monotonic()
         launcher.send_signal(signum)
-        # 20 s: generous for a 1 s stop timeout on a loaded machine, yet under the 30 s default (the flag
-        # was honoured) and far under process 1's sleep (it was killed, not waited for).
-        assert launcher.wait(timeout=20) == 128 + signum
+        assert launcher.wait(timeout=300) == 128 + signum  # 300 s: a hang, not a slow machine.
+        stopped_sec = time.monotonic() - signalled
     finally:
         launcher.kill()
         _kill_left_over(tmp_path)
     stderr = (tmp_path / "stderr.txt").read_text()
+    # The flag was honoured: the launcher waited its 1 s, not the 30 s default, before it killed process 1
+    # (the default is the bracket's other end: 30 times the wait asked for).
+    assert "waiting up to 1 s for them to stop" in stderr, stderr
+    assert stopped_sec < 30, stopped_sec
     assert f"got {signal.Signals(signum).name}; forwarded it to the 2 running process(es)" in stderr
     assert "killing process(es) 1, still running" in stderr
     assert (tmp_path / f"got-{int(signum)}-0").exists()
@@ -474,9 +478,13 @@ def test_the_launcher_forwards_a_stop_signal_and_waits_a_bounded_time(tmp_path, 
 
 
 def test_the_launcher_says_which_process_died_how_and_what_to_do(tmp_path):
-    script = ("import os, signal, time\n"
-              "if os.environ['RESNET_SCALING_PROCESS_ID'] == '1':\n"
-              "    time.sleep(0.5); os.kill(os.getpid(), signal.SIGKILL)\n"
+    # Process 1 dies once process 0 runs (its file), so that there is another process to stop.
+    script = ("import os, pathlib, signal, time\n"
+              "if os.environ['RESNET_SCALING_PROCESS_ID'] == '0':\n"
+              "    pathlib.Path('running-0').touch()\n"
+              "else:\n"
+              "    while not pathlib.Path('running-0').exists(): time.sleep(0.05)\n"
+              "    os.kill(os.getpid(), signal.SIGKILL)\n"
               "time.sleep(60)\n")
     launcher = _launch(tmp_path, script)
     try:

@@ -4,6 +4,7 @@ launch/slurm_gpu.sbatch` with 2 CPU tasks of the demo, `scancel --signal=TERM`, 
 """
 
 import contextlib
+import errno
 import os
 import pathlib
 import re
@@ -86,33 +87,30 @@ def test_a_preempted_sbatch_job_resumes_with_the_same_command_and_a_killed_task_
     job = _sbatch(slurm, demo_data, workdir, output)
     _wait(lambda: re.search(rf"\d\d:\d\d:\d\d step \d+/{NUM_STEPS}", _text(output)), "training step", slurm,
           job, output)
-    signalled = time.monotonic()
     subprocess.run(["scancel", "--signal=TERM", job], env=slurm.env, check=True)
     _wait(lambda: slurm.ended(job), "end after SIGTERM", slurm, job, output, timeout_sec=KILL_WAIT_SEC + 30)
-    exit_sec = time.monotonic() - signalled
     text = output.read_text()
-    # Both tasks exit 0 (srun would say which did not, and the job would be FAILED), with no abort.
+    # Both tasks exit 0 (srun would say which did not, and the job would be FAILED), with no abort, at the
+    # step the signal came in: the run stopped itself, it was not run to its end or killed.
     assert slurm.job_state(job) == ("COMPLETED", "0:0"), text[-4000:]
     assert not re.search(r"srun: error|Terminating process|Traceback|^error:", text, flags=re.M), text[-4000:]
     stopped = int(re.search(r"Preempted \(SIGTERM\) at step (\d+): checkpoint saved", text).group(1))
     assert stopped < NUM_STEPS and checkpointing.complete_steps(str(workdir))[-1] == stopped
-    assert exit_sec < KILL_WAIT_SEC  # Before SLURM would SIGKILL a task that still ran.
 
-    # Job 2: the same command resumes from that checkpoint; task 1 killed (SIGKILL) once a newer checkpoint
-    # is complete. srun --kill-on-bad-exit SIGTERMs the survivor: it must speak before KillWait's SIGKILL,
-    # once, naming the dead task and the newest checkpoint complete on disk (the one the next launch
-    # resumes from).
+    # Job 2: the same command resumes from that checkpoint; task 1 killed (SIGKILL) once it trains again
+    # (tests/scenarios/test_multiprocess.py kills a process after a newer checkpoint, and resumes a job to its
+    # end). srun --kill-on-bad-exit SIGTERMs the survivor: it must speak before KillWait's SIGKILL, once,
+    # naming the dead task and the newest checkpoint complete on disk (the one the next launch resumes from).
     output = tmp_path / "killed.out"
     job = _sbatch(slurm, demo_data, workdir, output)
-    _wait(lambda: checkpointing.complete_steps(str(workdir))[-1] > stopped, "newer complete checkpoint",
+    resumed_and_trains = rf"Resumed from .* at step {stopped}\b.*\d\d:\d\d:\d\d step \d+/{NUM_STEPS}"
+    _wait(lambda: re.search(resumed_and_trains, _text(output), flags=re.S), "training step after the resume",
           slurm, job, output)
     pid = slurm.task_pid(job, 1)
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    killed = time.monotonic()
     _wait(lambda: slurm.ended(job), "end after the kill", slurm, job, output,
           timeout_sec=KILL_WAIT_SEC + 30)
-    ended_sec = time.monotonic() - killed
     text = output.read_text()
     assert re.search(rf"Resumed from .* at step {stopped}\b", text), text[-4000:]
     errors = [line for line in text.splitlines() if line.startswith("error:")]
@@ -121,9 +119,8 @@ def test_a_preempted_sbatch_job_resumes_with_the_same_command_and_a_killed_task_
     assert re.match(r"error: process 1 of 2 stopped responding: no sign of life for 10 s \(while the job "
                     rf"was stopping\).* resume from the last complete checkpoint \(step {newest}\)\.$",
                     errors[0]), errors[0]
+    # The survivor ended itself after its line: SLURM's SIGKILL after KillWait would say "task 0: Killed".
     assert "Terminating process" not in text and "task 0: Killed" not in text, text[-4000:]
-    timing = distributed.PeerTiming.for_timeout(distributed.DEFAULT_PEER_TIMEOUT_SEC)
-    assert ended_sec < timing.stopping_exit_bound_sec + 5
     assert slurm.job_state(job)[0] == "FAILED"
 
 
@@ -138,23 +135,33 @@ def test_start_up_mistakes_end_in_one_line_within_seconds(slurm, tmp_path):
     assert "srun did not start it" in errors[0] and "srun python -m resnet_scaling.train" in errors[0]
 
     # JAX's coordinator port for the job taken: process 0 says so, and the other task is not left waiting
-    # out the 300 s initialisation timeout.
-    next_job = int(subprocess.run(["scontrol", "show", "config"], env=env, capture_output=True, text=True)
-                   .stdout.split("NEXT_JOB_ID")[1].split("=")[1].split()[0])
-    with socket_listening_on(61440 + next_job % 4096):
-        started = time.monotonic()
+    # out the initialisation timeout (300 s: the run is given half of it, a hang fails it).
+    with coordinator_port_of_the_next_job_taken(env) as port:
         result = subprocess.run(["srun", "-n2", *command], env=env, capture_output=True, text=True,
-                                timeout=HANG_SEC)
+                                timeout=distributed.DEFAULT_INITIALIZATION_TIMEOUT_SEC / 2)
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode != 0 and len(errors) == 1, result.stderr[-3000:]
-    assert "JAX_COORDINATOR_PORT" in errors[0] and f":{61440 + next_job % 4096}" in errors[0]
-    assert time.monotonic() - started < 60
+    assert "JAX_COORDINATOR_PORT" in errors[0] and f":{port}" in errors[0]
 
 
 @contextlib.contextmanager
-def socket_listening_on(port: int) -> Iterator[None]:
-    with socket.socket() as listener:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("0.0.0.0", port))
-        listener.listen()
-        yield
+def coordinator_port_of_the_next_job_taken(env: dict[str, str]) -> Iterator[int]:
+    """Listens on the coordinator port the next job will use (launch/slurm: 61440 + job id % 4096); yields
+    it. A port someone else holds is skipped: a job that does nothing takes its id, and the next id's port
+    is tried."""
+    for _ in range(5):
+        next_job = int(subprocess.run(["scontrol", "show", "config"], env=env, capture_output=True, text=True)
+                       .stdout.split("NEXT_JOB_ID")[1].split("=")[1].split()[0])
+        with socket.socket() as listener:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                listener.bind(("0.0.0.0", 61440 + next_job % 4096))
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE:
+                    raise
+                subprocess.run(["srun", "-n1", "true"], env=env, check=True, capture_output=True)
+                continue
+            listener.listen()
+            yield 61440 + next_job % 4096
+            return
+    raise RuntimeError("the coordinator ports of 5 job ids in a row are taken")
