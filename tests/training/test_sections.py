@@ -2,8 +2,9 @@
 
 import dataclasses
 
+from resnet_scaling import checkpointing, data, models
 from resnet_scaling import config as config_lib
-from resnet_scaling import data, models
+from resnet_scaling.metrics import mlperf_log
 from resnet_scaling.training import optim, sections, steps
 from tests.helpers import tiny_config
 
@@ -15,6 +16,10 @@ def test_the_sections_defaults_are_the_base_configs():
     assert read.optimizer == optim.OptimizerConfig()
     assert read.schedule == optim.ScheduleConfig()
     assert read.data == data.DataConfig()
+    assert read.checkpoint == checkpointing.CheckpointConfig()
+    assert read.loop == sections.LoopConfig()
+    # The base config gives its warm-up in epochs (5), which MLPerf's log records as given.
+    assert read.report.mlperf == dataclasses.replace(mlperf_log.MLPerfConfig(), warmup_epochs=5.0)
 
 
 def test_every_section_field_is_a_config_field_or_named_on_purpose():
@@ -22,7 +27,8 @@ def test_every_section_field_is_a_config_field_or_named_on_purpose():
     config = config_lib.get_base_config()
     from_elsewhere = {"DataConfig": {"num_classes", "seed", "mlperf_crop"}}
     for cls, section in ((models.ModelConfig, config.model), (optim.OptimizerConfig, config.optimizer),
-                         (optim.ScheduleConfig, config.schedule), (data.DataConfig, config.data)):
+                         (optim.ScheduleConfig, config.schedule), (data.DataConfig, config.data),
+                         (checkpointing.CheckpointConfig, config.checkpoint)):
         elsewhere = from_elsewhere.get(cls.__name__, set())
         missing = {f.name for f in dataclasses.fields(cls)} - set(section) - elsewhere
         assert not missing, (cls.__name__, missing)
