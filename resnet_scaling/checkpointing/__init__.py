@@ -22,6 +22,10 @@ A save is renamed into place (or committed, on gs://) only when complete.
 
 from __future__ import annotations
 
+from resnet_scaling.job import native_noise as _native_noise
+
+_native_noise.import_jax_quietly()  # Before anything here imports JAX (job/native_noise.py).
+
 import dataclasses
 import itertools
 import json

@@ -13,6 +13,10 @@ built, so the synthetic and array sources (and the model, step and metrics) run 
 
 from __future__ import annotations
 
+from resnet_scaling.job import native_noise as _native_noise
+
+_native_noise.import_jax_quietly()  # Before anything here imports JAX (job/native_noise.py).
+
 import numpy as np
 from jax.sharding import Mesh
 

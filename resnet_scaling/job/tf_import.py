@@ -8,8 +8,9 @@ import sys
 from resnet_scaling.job import native_noise
 
 # Printed by TensorFlow's C++ runtime at import, before TF_CPP_MIN_LOG_LEVEL applies (a oneDNN notice per
-# library): dropped from the console; anything else printed during the import is passed on.
-_IMPORT_NOISE = (native_noise.ABSL_PREAMBLE, "oneDNN custom operations are on")
+# library; where CUDA libraries are installed without a GPU, its "no driver" lines): dropped from the
+# console; anything else printed during the import is passed on.
+_IMPORT_NOISE = (*native_noise.CUDA_PLUGIN_NOISE, "oneDNN custom operations are on")
 
 
 def import_tensorflow_for_host():

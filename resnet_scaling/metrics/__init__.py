@@ -18,6 +18,11 @@
 | `profiling.py` | a `jax.profiler` trace of a window of steps, for TensorBoard's Profile tab |
 """
 
+from resnet_scaling.job import native_noise as _native_noise
+
+_native_noise.import_jax_quietly()  # Before anything here imports JAX (job/native_noise.py).
+
+
 from resnet_scaling.metrics.accuracy import MLPERF_TARGET_TOP1, TimeToAccuracy
 from resnet_scaling.metrics.device import MetricsBuffer, summarize_eval
 from resnet_scaling.metrics.goodput import GoodputRecorder, goodput_summary

@@ -13,6 +13,10 @@ Convolutions pad symmetrically (TF's `fixed_padding`, PyTorch): torchvision weig
 
 from __future__ import annotations
 
+from resnet_scaling.job import native_noise as _native_noise
+
+_native_noise.import_jax_quietly()  # Before anything here imports JAX (job/native_noise.py).
+
 import dataclasses
 import functools
 from collections.abc import Sequence

@@ -9,3 +9,8 @@
 | `training_setup.py` | `setup(config)`: the one path from a config to a compiled step, for every command |
 | `trainer.py` | `train_and_evaluate(config, workdir)`: the training loop and what it works with |
 """
+
+from resnet_scaling.job import native_noise as _native_noise
+
+_native_noise.import_jax_quietly()  # Before anything here imports JAX (job/native_noise.py).
+

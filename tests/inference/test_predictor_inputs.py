@@ -64,8 +64,10 @@ def test_prepare_in_a_fresh_process_prints_nothing(tmp_path):
     import sys
 
     repo = pathlib.Path(__file__).resolve().parents[2]
-    script = ("import jax, jax.numpy as jnp, numpy as np\n"
-              "from resnet_scaling.inference.predict import Predictor\n"
+    # The library first: a bare `import jax` before it prints the lines of JAX's CUDA plugin where the
+    # gpu_compile extra is installed on a machine without a GPU (the test extra installs it).
+    script = ("from resnet_scaling.inference.predict import Predictor\n"
+              "import jax, jax.numpy as jnp, numpy as np\n"
               "from tests.helpers import model_of, tiny_config\n"
               "config = tiny_config(data__source='folders', data__eval_resize_size=36)\n"
               "model = model_of(config)\n"
@@ -77,4 +79,4 @@ def test_prepare_in_a_fresh_process_prints_nothing(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "(1, 32, 32, 3)"
-    assert "oneDNN" not in proc.stderr and "InitializeLog" not in proc.stderr, proc.stderr
+    assert proc.stderr == "", proc.stderr
