@@ -108,10 +108,12 @@ def test_a_flipped_bit_never_restores_other_values_than_were_saved(tmp_path, cap
     saved = jax.device_get(result.state)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                             result.state)
-    files = _data_files(tmp_path / "run" / "checkpoints" / "4")
+    # The largest data file holds the parameters and the optimizer's moments; which arrays the smaller
+    # ones hold, and so whether a restore reads a given byte of them, changes with the order of the
+    # asynchronous writes. A flip in bytes no array reads restores bit-identical values, which is right too.
+    largest = _data_files(tmp_path / "run" / "checkpoints" / "4")[-1]
     caught = 0
-    for i, (file, fraction) in enumerate([(files[-1], 0.3), (files[-1], 0.9), (files[-2], 0.6),
-                                          (files[0], 0.5)]):
+    for i, (file, fraction) in enumerate((largest, f) for f in (0.1, 0.3, 0.5, 0.7, 0.9)):
         copy = tmp_path / f"flip{i}"
         shutil.copytree(tmp_path / "run", copy)
         target = copy / file.relative_to(tmp_path / "run")
@@ -129,7 +131,9 @@ def test_a_flipped_bit_never_restores_other_values_than_were_saved(tmp_path, cap
         else:
             assert meta["step"] == 2
             caught += 1
-    assert caught >= 2 and "differ from what was saved" in caplog.text
+    # Measured: all 5 flips land in array bytes and are caught; one spare for a layout that puts a header
+    # or padding under one of them.
+    assert caught >= 4 and "differ from what was saved" in caplog.text
 
 
 def test_fingerprints_see_every_bit_and_every_array():
