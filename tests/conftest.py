@@ -87,7 +87,7 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.3)
 # where two workers would each build them.
 SHARED_FIXTURE_MODULES = ("tests/planning/test_compile.py", "tests/inference/test_evaluate.py",
                           "tests/checkpointing/test_init_from.py", "tests/metrics/test_mlperf_log.py",
-                          "tests/data/test_prepare.py")
+                          "tests/data/test_prepare.py", "tests/planning/test_gpu_compile.py")
 
 
 def _shared_fixture_module(nodeid: str) -> str | None:
