@@ -29,8 +29,10 @@ STOP_BOUND_SEC = 10.0
 # After the time of day, or (--verbosity=1) absl's prefix.
 STOP_LINE = re.compile(r"^(?:\d\d:\d\d:\d\d |I\d{4} .+?\] )Stopped \((SIGINT|SIGTERM)\) while (.+?): (.+)$",
                        re.M)
-# 1,280 training images in batches of 128: 10 steps an epoch, 2 epochs, an evaluation after each.
-SMALL_DEMO = ("--config.data.num_train_examples=1280", "--config.data.num_eval_examples=400",
+# 1,280 training images in batches of 128: 10 steps an epoch, 2 epochs, an evaluation after each. The tiny
+# model: the phases are the point, not what the run learns, and each launch compiles in a moment.
+SMALL_DEMO = ("--config.model.name=resnet_tiny", "--config.model.num_filters=8",
+              "--config.data.num_train_examples=1280", "--config.data.num_eval_examples=400",
               "--config.eval.global_batch_size=200", "--config.training.num_epochs=2",
               "--config.eval.every_epochs=1", "--config.training.log_every_steps=5",
               "--config.training.tensorboard=false")
