@@ -251,6 +251,22 @@ def test_validate_refuses_indivisible_train_batch(batch, num_devices, suggestion
     validate(config)
 
 
+def test_validate_refuses_bn_groups_that_do_not_divide_the_batch_or_split_a_device():
+    # The pod's groups of 128 images (configs/pod.py) against a batch of 12; then groups of 96 in a batch
+    # of 1,536 (which 96 divides): 192 a device on 8 devices, which a group would split; 96 on 16, one each.
+    config = config_lib.load_config("pod")
+    config.training.global_batch_size = 12
+    with pytest.raises(ConfigError, match=r"config.model.bn_group_size: 128 images per group do not divide "
+                                          r"the global batch of 12; use a divisor of it, or -1"):
+        validate(config, num_devices=1)
+    config.training.global_batch_size, config.model.bn_group_size = 1536, 96
+    with pytest.raises(ConfigError, match=r"config.model.bn_group_size: 96 images per group would split a "
+                                          r"device's 192 images; use a multiple of the per-device batch "
+                                          r"\(192, 384, ...\), or 0"):
+        validate(config, num_devices=8)
+    validate(config, num_devices=16)  # 96 a device: one group each.
+
+
 def test_validate_refuses_indivisible_eval_batch():
     config = get_base_config()
     config.eval.global_batch_size = 1000
