@@ -87,27 +87,6 @@ def test_non_finite_loss_stops_training_with_the_step(tmp_path):
         trainer.train_and_evaluate(config, str(tmp_path), arrays=random_arrays())
 
 
-def _run_cli(*args, tmp_path):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": launch_xla_flags()}
-    return subprocess.run([sys.executable, "-m", "resnet_scaling.train", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
-def test_command_line_without_a_prepared_imagenet_says_how_to_prepare_it(tmp_path):
-    proc = _run_cli("--config=configs/default.py", f"--workdir={tmp_path / 'run'}",
-                    f"--config.data.data_dir={tmp_path / 'tfds'}", tmp_path=tmp_path)
-    assert proc.returncode != 0
-    assert "resnet_scaling.prepare --dataset=imagenet2012" in proc.stderr and "--manual_dir" in proc.stderr
-    assert "Traceback" not in proc.stderr
-
-
-def test_command_line_refuses_a_bad_value_naming_the_field(tmp_path):
-    proc = _run_cli("--config=configs/demo.py", f"--workdir={tmp_path}", "--config.optimizer.name=adam",
-                    tmp_path=tmp_path)
-    assert proc.returncode != 0
-    assert "config.optimizer.name" in proc.stderr and "lars" in proc.stderr
-
-
 def test_arrays_of_another_image_size_than_the_config_are_refused(tmp_path):
     arrays = random_arrays(image_size=40)
     with pytest.raises(ValueError, match=r"images are 40x40 pixels but config.data.image_size is 32"):
