@@ -37,14 +37,14 @@ HELP_FLAGS = frozenset({"--help", "-help", "-h", "-?", "--helpshort", "-helpshor
                         "--helpxml", "-helpxml"})
 
 
-def parse_flags(argv: list[str]) -> list[str]:
+def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None) -> list[str]:
     """absl's `app.parse_flags_with_usage`, except that asking for help exits with status 0 (a user, or a
     script, who typed `--help` got what was asked for) and a flag that does not parse is one `error:` line
-    (absl: `FATAL Flags parsing error`, then a hint)."""
+    (absl: `FATAL Flags parsing error`, then a hint). `flag_values`: absl's global `FLAGS` by default."""
     from absl import flags
 
     try:
-        return flags.FLAGS(argv)
+        return (flag_values or flags.FLAGS)(argv)
     except flags.Error as e:
         raise SystemExit(f"error: {_flag_error_message(e)}") from None
     except SystemExit as e:  # absl's help flags print their text, then exit with status 1.
@@ -95,7 +95,7 @@ def refuse_arguments(argv: list[str]) -> None:
                          "(--help lists them).")
 
 
-def parse_config_flags(argv: list[str]) -> list[str]:
+def parse_config_flags(argv: list[str], flag_values: flags.FlagValues | None = None) -> list[str]:
     """`parse_flags` for an entry point with a `--config` flag: a shipped config's name (`--config=demo`)
     becomes its path; no such file, or a mistyped override, is one `error:` line (absl: its usage text, or
     a traceback)."""
@@ -106,7 +106,7 @@ def parse_config_flags(argv: list[str]) -> list[str]:
         if not os.path.isfile(value.split(":", 1)[0]):
             raise SystemExit(f"error: --config={value}: no such config file{_config_suggestion(value)}")
     try:
-        return parse_flags(argv)
+        return parse_flags(argv, flag_values)
     except (AttributeError, KeyError) as e:  # A mistyped override: --config.training.global_batchsize=8
         raise SystemExit(f"error: {_unknown_field_message(e, argv)}") from None
 

@@ -1,6 +1,7 @@
 """The edges of the commands a first day meets: `--help`, `--print_config`, a config made for a pod started
 on this machine, a workdir that is a file, and libtpu's start-up noise in a script that imports the package.
-Each runs as a user runs it: `python -m ...` in a fresh process, with the machine's own devices."""
+Each runs as a user runs it: `python -m ...` in a fresh process, with the machine's own devices; the flags
+parser's other messages are checked in-process, on the parser the commands give absl."""
 
 import importlib.util
 import os
@@ -10,9 +11,12 @@ import subprocess
 import sys
 
 import pytest
+from absl import flags
+from ml_collections import config_flags
 
 from resnet_scaling import config as config_lib
 from resnet_scaling.job import workdir as workdir_lib
+from resnet_scaling.metrics import console
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -114,25 +118,47 @@ def test_a_pod_config_here_is_one_error_line_whose_advice_leads_past_the_config(
 @pytest.mark.parametrize("args, message", [
     (["--config.training.global_batch_size=6x4"],
      "error: --config.training.global_batch_size=6x4: expects a whole number, got '6x4'."),
+    (["--config.system.chips_per_host_bounds=6x4"],  # A tuple field takes a bare string as ('6x4',).
+     "error: config.system.chips_per_host_bounds: needs three positive whole numbers (x, y, z), "
+     "e.g. (2, 2, 1), got ('6x4',)."),
+])
+def test_a_malformed_command_line_is_one_error_line_saying_what_to_type(tmp_path, args, message):
+    """absl printed `FATAL Flags parsing error: ...` and a hint for a value that does not parse; a value the
+    config then refuses is one line too. The parser's other messages: the next test, in-process."""
+    proc = _run(["-m", "resnet_scaling.train", "--config=demo", *args, f"--workdir={tmp_path / 'run'}"],
+                tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr  # One line.
+    assert proc.stderr.startswith(message), proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
     (["--config.model.bn_epsilon=1e-5x"],
      "error: --config.model.bn_epsilon=1e-5x: expects a number, got '1e-5x'."),
     (["--config.checkpoint.enabled=maybe"],
      "error: --config.checkpoint.enabled=maybe: expects true or false, got 'maybe'."),
-    (["--config.system.chips_per_host_bounds=6x4"],  # A tuple field takes a bare string as ('6x4',).
-     "error: config.system.chips_per_host_bounds: needs three positive whole numbers (x, y, z), "
-     "e.g. (2, 2, 1), got ('6x4',)."),
     (["--config.trainng.num_epochs=3"],
      "error: --config.trainng.num_epochs: no such config section trainng; did you mean training?"),
     (["--config=pods"], "error: --config=pods: no such config file; did you mean pod? Give a path"),
 ])
-def test_a_malformed_command_line_is_one_error_line_saying_what_to_type(tmp_path, args, message):
-    """absl printed `FATAL Flags parsing error: ...` and a hint for a value that does not parse; a mistyped
-    section was named `--config...trainng`; a near-miss config name got the list without the match."""
-    args = args if args[0].startswith("--config=") else ["--config=demo", *args]
-    proc = _run(["-m", "resnet_scaling.train", *args, f"--workdir={tmp_path / 'run'}"], tmp_path)
-    assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr  # One line.
-    assert proc.stderr.startswith(message), proc.stderr
+# ml_collections' config_flags loads the file with importlib's deprecated load_module (the commands do too;
+# Python shows DeprecationWarnings only to __main__'s code, so a user never sees it).
+@pytest.mark.filterwarnings("ignore:the load_module\\(\\) method is deprecated:DeprecationWarning")
+def test_the_config_flags_parser_says_what_to_type_in_one_line(args, message):
+    """The commands' parser (`console.parse_config_flags`, what `app.run` is given) on flags defined as the
+    train command defines them: the exit's message, which Python prints as the process's one stderr line
+    (the test above runs the command)."""
+    argv = ["train", *(args if args[0].startswith("--config=") else ["--config=demo", *args]),
+            "--workdir=/tmp/run"]
+    flag_values = flags.FlagValues()
+    # The overrides are read from sys.argv unless given: this argv, as the command's would be.
+    config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values, lock_config=True,
+                                    sys_argv=argv)
+    flags.DEFINE_string("workdir", None, "", flag_values=flag_values)
+    with pytest.raises(SystemExit) as exited:
+        console.parse_config_flags(argv, flag_values)
+    assert isinstance(exited.value.code, str) and "\n" not in exited.value.code, exited.value.code
+    assert exited.value.code.startswith(message), exited.value.code
 
 
 @pytest.mark.parametrize("command, args, message", [
