@@ -46,7 +46,9 @@ def test_the_readme_arrays_example_trains_evaluates_its_128_images_in_one_batch_
         tmp_path):
     """As written but for its workdir, as a user runs it (a script in a fresh process: one CPU device, XLA's
     default optimisations): 40 steps, every evaluation one batch of the 128 images (not the default 1,024),
-    and `print(result)` a few lines, not the state's arrays."""
+    and `print(result)` a few lines, not the state's arrays. The script sets no logging up, as research
+    code does not: progress still shows, each line once, starting with the time of day (absl's implicit
+    `logging.basicConfig()` used to print them as "INFO:resnet_scaling.training.trainer:step ...")."""
     block = _arrays_block()
     assert block.count('"/tmp/run"') == 1
     script = tmp_path / "arrays_example.py"
@@ -61,6 +63,13 @@ def test_the_readme_arrays_example_trains_evaluates_its_128_images_in_one_batch_
     assert json.loads(facts) == {"step": 40, "evaluations": 10, "eval_counts": [128], "eval_batch": 128,
                                  "eval_steps": 1}
     assert printed[0].startswith("Done: step 40 of 40") and len(printed) <= 12, printed
+    assert any(line.strip().startswith("top-1: final") for line in printed), printed
+    assert str(tmp_path / "run") in proc.stdout and "Array(" not in proc.stdout  # Where it saved; no arrays.
+    last = r"step 40/40 \(epoch|Done: step 40 of 40"
+    ours = [line for line in proc.stderr.splitlines() if re.search(last, line)]
+    assert len(ours) == 2, proc.stderr[-3000:]  # Once each: not also through the root logger.
+    assert all(re.match(rf"\d\d:\d\d:\d\d ({last})", line) for line in ours), ours
+    assert "INFO:resnet_scaling" not in proc.stderr
 
 
 def test_the_readme_own_loop_example_trains(capsys):
