@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.resnet_tiny_counts import resnet_tiny_sizes, resnet_tiny_train_flops_per_image
+
 REPO = Path(__file__).resolve().parents[2]
 STATUSES = {"ok", "error", "timeout", "skipped"}
 
@@ -39,9 +41,11 @@ def _check_stage_records(report, stages):
 
 
 def test_smoke_run_records_every_stage_with_figures_or_a_reason(gpu_check, tmp_path):
+    start = time.perf_counter()
     assert gpu_check.main(["--smoke", f"--out={tmp_path / 'out'}", f"--scratch_dir={tmp_path / 'scratch'}",
                            "--batch_size=4", "--ladder=8,16", "--simulate_oom_at_batch=8",
                            "--fail_stage=environment", "--pretend_no_tensorflow"]) == 0
+    wall_sec = time.perf_counter() - start  # This test's clock, apart from the check's.
     report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     assert report["schema_version"] == gpu_check.SCHEMA_VERSION and report["finished"]
     assert {"command", "host", "xla_flags", "summary", "stages", "total_budget_sec"} <= set(report)
@@ -55,7 +59,16 @@ def test_smoke_run_records_every_stage_with_figures_or_a_reason(gpu_check, tmp_p
 
     bf16 = stages["train_step_bf16"]["result"]
     assert bf16["config"]["dtype"] == "bfloat16" and bf16["config"]["batch_size"] == 4
-    assert bf16["images_per_sec_median"] > 0 and bf16["compile_sec"] > 0 and bf16["flops_per_step"] > 0
+    # Each timed window (one step of 4 images in the smoke run) lies within this test's wall time.
+    assert bf16["images_per_sec_median"] >= 4 / wall_sec and 0 < bf16["compile_sec"] < wall_sec
+    # The smoke model: resnet_tiny of the base config's width (64) and classes (1,000) on 32-pixel images,
+    # 4 a step: at least its convolutions' and classifier's multiply-adds counted by hand, at most those
+    # with the padding's taps (the CPU forms multiply its zeros), 15% more elementwise work and 10 FLOPs a
+    # parameter for the update (the bounds of tests/metrics/test_metrics.py).
+    fewest = resnet_tiny_train_flops_per_image(64, 1000, 32)
+    most = 1.15 * resnet_tiny_train_flops_per_image(64, 1000, 32, count_padding=True)
+    num_params = resnet_tiny_sizes(64, 1000)[0]
+    assert 4 * fewest <= bf16["flops_per_step"] <= 4 * most + 10 * num_params, bf16["flops_per_step"]
     assert len(bf16["images_per_sec_repeats"]) == 2
     assert {"argument_bytes", "temp_bytes", "total_bytes", "peak_bytes_in_use"} <= set(bf16["memory"])
     assert set(bf16["utilisation"]) >= {"mfu", "peak_tflops_per_device", "tflops_per_sec_per_device"}
@@ -65,7 +78,7 @@ def test_smoke_run_records_every_stage_with_figures_or_a_reason(gpu_check, tmp_p
     fp16 = stages["train_step_fp16_v100"]["result"]
     assert fp16["compute_dtype"] == "float16" and fp16["config_file"].endswith("gpu_v100.py")
     assert fp16["loss_scale_sane"] is True and 1 <= fp16["loss_scale"] <= fp16["initial_loss_scale"]
-    assert fp16["images_per_sec_median"] > 0
+    assert fp16["images_per_sec_median"] >= 4 / wall_sec
 
     for name in ("demo", "input_pipeline"):
         assert stages[name]["status"] == "skipped" and "TensorFlow is not installed" in stages[name]["reason"]
@@ -79,7 +92,7 @@ def test_smoke_run_records_every_stage_with_figures_or_a_reason(gpu_check, tmp_p
 
     summary = report["summary"]
     assert summary["largest_batch_that_fits"] == 4 and summary["largest_batch_is_a_lower_bound"] is False
-    assert summary["bf16_images_per_sec"] > 0 and summary["warnings"] == []
+    assert summary["bf16_images_per_sec"] == bf16["images_per_sec_median"] and summary["warnings"] == []
     assert summary["fp16_v100_loss_scale_sane"] is True and summary["demo_final_top1"] is None
     assert summary["stage_status"] == {name: stages[name]["status"] for name in gpu_check.STAGES}
     assert "injected failure" in (tmp_path / "out" / "gpu_check.log").read_text()
