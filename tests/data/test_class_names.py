@@ -49,14 +49,15 @@ def _write_fruit_folders(root):
 
 @pytest.fixture(scope="module")
 def fruit_run(tmp_path_factory):
-    """A finished run on three class folders of colours: learnt, evaluated and checkpointed every epoch."""
+    """A finished run on three class folders of colours: learnt, then evaluated and checkpointed once, at the
+    end (the best evaluation's checkpoint is that one)."""
     root = tmp_path_factory.mktemp("fruits")
     _write_fruit_folders(root / "data")
     workdir = root / "run"
     config = tiny_config(data__source="folders", data__folder=str(root / "data"), model__num_classes=3,
                          training__global_batch_size=8, eval__global_batch_size=8,
                          training__num_train_steps=15, optimizer__lr_scaling="none",
-                         optimizer__base_learning_rate=0.1, data__eval_resize_size=32, eval__every_epochs=1.0,
+                         optimizer__base_learning_rate=0.1, data__eval_resize_size=32, eval__every_epochs=0,
                          checkpoint__enabled=True, checkpoint__every_steps=0, checkpoint__async_save=False)
     config.data.num_threads = 1
     result = trainer.train_and_evaluate(config, str(workdir))

@@ -39,13 +39,13 @@ def colour_arrays(n, seed):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A finished run on colour arrays: 16 steps, an evaluation and a checkpoint every epoch (4 steps), the
-    export."""
+    """A finished run on colour arrays: 16 steps, an evaluation and a checkpoint every other epoch (8 steps:
+    two, the best among them kept), the export."""
     workdir = tmp_path_factory.mktemp("colours")
     # 40 evaluation images at batch 16: the last of 3 batches is half padding.
     arrays = (*colour_arrays(64, seed=0), *colour_arrays(40, seed=1))
     config = tiny_config(model__num_classes=4, training__num_train_steps=16, optimizer__lr_scaling="none",
-                         optimizer__base_learning_rate=0.1, eval__every_epochs=1.0, checkpoint__enabled=True,
+                         optimizer__base_learning_rate=0.1, eval__every_epochs=2.0, checkpoint__enabled=True,
                          checkpoint__every_steps=0, checkpoint__async_save=False)  # Saved at evaluations.
     result = trainer.train_and_evaluate(config, str(workdir), arrays=arrays)
     assert result.eval_history[-1]["eval_top1"] > 0.8  # Learnt: chance is 0.25.
