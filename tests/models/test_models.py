@@ -228,14 +228,17 @@ def test_the_cpu_lowering_uses_the_patch_gradient_for_strided_convolutions_only(
 def test_both_lowerings_have_the_same_parameters_outputs_and_gradients(name):
     """The CPU forms (1x1 convolutions as dots, max pooling as strided maxima) and XLA's own (nn.Conv,
     nn.max_pool) are one function: same variables, forward and gradients to float32 tolerance."""
-    size = 64 if name == "resnet_tiny" else 32
+    # 64 pixels: ResNet-50's last stage is 2x2, so that training-mode BN normalises over 16 values a
+    # channel; at 1x1 (32 pixels) over 4, whose tiny variances magnify either form's rounding into
+    # percent-sized differences.
+    size = 64
     cpu = models.create_model(name, 10, num_filters=8, lowering="cpu")
     xla = models.create_model(name, 10, num_filters=8, lowering="xla")
     images = jax.random.normal(jax.random.key(1), (4, size, size, 3))
     shapes = jax.eval_shape(functools.partial(cpu.init, train=False), jax.random.key(0), images)
     xla_variables = jax.eval_shape(functools.partial(xla.init, train=False), jax.random.key(0), images)
-    # Values drawn in NumPy, not the initialiser's (compiling ResNet-50's takes seconds), with each block's
-    # last BN scale zero as the initialiser makes it.
+    # Values drawn in NumPy, not the initialiser's (compiling ResNet-50's takes seconds, and it zeroes each
+    # block's last BN scale, which would leave every residual branch's gradients zero, compared as equal).
     rng = np.random.default_rng(0)
 
     def draw(path, leaf):
@@ -248,9 +251,6 @@ def test_both_lowerings_have_the_same_parameters_outputs_and_gradients(name):
     variables = jax.tree_util.tree_map_with_path(draw, shapes)
     blocks = [block for key, block in variables["params"].items() if key.startswith("stage")]
     assert len(blocks) == (16 if name == "resnet50" else 4)
-    for block in blocks:
-        last_bn = block["bn3" if "bn3" in block else "bn2"]
-        last_bn["scale"] = np.zeros_like(last_bn["scale"])
     assert jax.tree.structure(variables) == jax.tree.structure(xla_variables)
     assert [(a.shape, a.dtype) for a in jax.tree.leaves(variables)] == [
         (a.shape, a.dtype) for a in jax.tree.leaves(xla_variables)]
@@ -265,8 +265,12 @@ def test_both_lowerings_have_the_same_parameters_outputs_and_gradients(name):
     (loss_cpu, logits_cpu), grads_cpu = grad(variables["params"], cpu)
     (loss_xla, logits_xla), grads_xla = grad(variables["params"], xla)
     np.testing.assert_allclose(logits_xla, logits_cpu, rtol=1e-4, atol=1e-5)
+    # Every parameter takes part: no gradient is zero throughout (what a dead branch would give both forms).
+    assert all(np.any(np.asarray(b) != 0) for b in jax.tree.leaves(grads_xla))
+    # Float32 rounding, absolute within a leaf's own scale: the classifier's gradients reach 20, and those
+    # near zero among them differ by what rounding leaves of the large ones.
     for a, b in zip(jax.tree.leaves(grads_cpu), jax.tree.leaves(grads_xla), strict=True):
-        np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-5)
+        np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-5 * max(1.0, float(np.max(np.abs(b)))))
 
 
 def test_auto_lowering_follows_the_platform():
