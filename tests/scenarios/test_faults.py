@@ -84,27 +84,29 @@ def _data_files(step_dir):
     return sorted(files, key=lambda p: p.stat().st_size)
 
 
-def test_4_kib_of_random_bytes_in_a_checkpoint_are_caught_and_the_previous_checkpoint_is_used(tmp_path,
-                                                                                               caplog):
-    _train(tmp_path, training__num_train_steps=4)
-    target = _data_files(tmp_path / "checkpoints" / "4")[-1]  # The largest: parameters and moments.
+def test_4_kib_of_random_bytes_are_caught_and_a_flipped_bit_never_restores_other_values_than_were_saved(
+        tmp_path, caplog):
+    """Checkpoint 4 of one tiny run, damaged in copies of its workdir: 4 KiB of random bytes are caught and
+    the run resumes from checkpoint 2; a flipped bit is caught likewise, or restores the values saved."""
+    result = _train(tmp_path / "run", training__num_train_steps=4)
+    random_bytes = tmp_path / "random_bytes"
+    shutil.copytree(tmp_path / "run", random_bytes)
+    target = _data_files(random_bytes / "checkpoints" / "4")[-1]  # The largest: parameters and moments.
     data = bytearray(target.read_bytes())
     start = len(data) // 2
     data[start:start + 4096] = np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes()
     target.write_bytes(bytes(data))
     with caplog.at_level("WARNING"):
-        resumed = _train(tmp_path, training__num_train_steps=6)
+        resumed = _train(random_bytes, training__num_train_steps=6)
     assert resumed.start_step == 2 and int(resumed.state.step) == 6
-    # zstd refuses most such blocks itself; the fingerprints catch the rest (next test).
+    # zstd refuses most such blocks itself; the fingerprints catch the rest (the flipped bits below).
     assert "Skipping checkpoint" in caplog.text and "checkpoints/4 (moved to" in caplog.text
-    assert [p.name.split("-")[0] for p in (tmp_path / "unreadable_checkpoints").iterdir()] == ["4"]
+    assert [p.name.split("-")[0] for p in (random_bytes / "unreadable_checkpoints").iterdir()] == ["4"]
+    caplog.clear()
 
-
-def test_a_flipped_bit_never_restores_other_values_than_were_saved(tmp_path, caplog):
     # OCDBT's chunks carry no checksum: measured, a flipped bit in the large data files restored silently
     # changed arrays. Now each flip either leaves what is restored bit-identical (bytes no array reads) or
     # the checkpoint is set aside and the previous one restored.
-    result = _train(tmp_path / "run", training__num_train_steps=4)
     saved = jax.device_get(result.state)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                             result.state)
@@ -356,15 +358,8 @@ def test_a_save_that_fails_names_its_cause(tmp_path, monkeypatch):
 # ------------------------------------------------------------------ what a resume may change
 
 
-def test_resuming_on_other_data_is_refused_before_any_set_up(tmp_path, monkeypatch):
-    _train(tmp_path, training__num_train_steps=2)
-    monkeypatch.setattr(training_setup, "setup", _no_setup)
-    with pytest.raises(checkpointing.IncompatibleCheckpointError,
-                       match=r"data.num_train_examples: checkpoint 1281167, config 5000"):
-        _train(tmp_path, data__num_train_examples=5000)
-
-
-def test_a_changed_learning_rate_on_resume_is_said_and_recorded(tmp_path, caplog):
+def test_a_changed_learning_rate_on_resume_is_said_and_recorded_and_other_data_refused_before_set_up(
+        tmp_path, caplog, monkeypatch):
     def train(**overrides):  # Each launch saves at its end only: the next resumes from there.
         return _train(tmp_path, checkpoint__every_steps=0, **overrides)
 
@@ -383,6 +378,11 @@ def test_a_changed_learning_rate_on_resume_is_said_and_recorded(tmp_path, caplog
     train(training__num_train_steps=6, optimizer__base_learning_rate=0.01)
     exported = json.loads((tmp_path / "export" / "config.json").read_text())
     assert exported["optimizer"]["base_learning_rate"] == 0.05
+    # Resuming on other data is refused, before any set-up.
+    monkeypatch.setattr(training_setup, "setup", _no_setup)
+    with pytest.raises(checkpointing.IncompatibleCheckpointError,
+                       match=r"data.num_train_examples: checkpoint 1281167, config 5000"):
+        train(training__num_train_steps=6, data__num_train_examples=5000)
 
 
 # ------------------------------------------------------------------ signals
