@@ -62,7 +62,8 @@ def test_the_last_k_checkpoints_and_the_best_evaluations_are_kept(tmp_path, monk
         return real_evaluate(eval_step_fn, state, source, **options)
 
     monkeypatch.setattr(trainer, "evaluate", recording_evaluate)
-    result = _train(tmp_path, checkpoint__keep=2, eval__every_epochs=0.5)
+    # Saves after steps 3, 6 and 8 (the evaluations) and 4: step 4 is neither among the last 2 nor evaluated.
+    result = _train(tmp_path, checkpoint__keep=2, eval__every_epochs=0.5, checkpoint__every_steps=4)
     assert sorted(evaluated) == [3, 6, 8]
     # The best by top-1, the later of a tie (orbax's BestN keeps the last of equals).
     best_eval = max(reversed(result.eval_history), key=lambda r: r["eval_top1"])
@@ -77,30 +78,29 @@ def test_the_last_k_checkpoints_and_the_best_evaluations_are_kept(tmp_path, monk
         assert any(not np.array_equal(x, y) for x, y in leaves), step
 
 
-def test_exported_parameters_load_with_one_call_and_rebuild_the_model(tmp_path):
-    result = _train(tmp_path)
-    variables, config = checkpointing.load_exported(str(tmp_path))
-    _assert_bitwise_equal(variables["params"], _params(result))
-    model = model_of(config)
-    logits = model.apply(variables, np.zeros((2, 32, 32, 3), np.float32), train=False)
-    assert logits.shape == (2, 10)
-    # A checkpoint's parameters load the same way: the last is the final state's.
-    last_variables, last_config = checkpointing.load_exported(str(tmp_path / "checkpoints" / "8"))
-    _assert_bitwise_equal(last_variables, variables)
-    assert last_config.to_dict() == config.to_dict()
-
-
 def _docs_comparison_block() -> str:
     text = (REPO / "docs" / "checkpoints.md").read_text()
     start = text.index("## Two runs, bit for bit")
     return re.search(r"```python\n(.*?)```", text[start:], flags=re.S).group(1)
 
 
-def test_the_docs_comparison_of_two_runs_says_whether_they_are_equal_bit_for_bit(tmp_path, capsys):
-    """docs/checkpoints.md's snippet, run as written: on the same tiny run made twice (whose orbax files
-    differ in their bytes, as the page says), then on a run and one of its earlier checkpoints."""
-    for name in ("a", "b"):
-        _train(tmp_path / name, training__num_train_steps=4)
+def test_exported_parameters_load_with_one_call_and_the_docs_comparison_says_whether_two_runs_are_equal(
+        tmp_path, capsys):
+    """The exported parameters load with one call and rebuild the model; docs/checkpoints.md's snippet, run
+    as written: on the same tiny run made twice (whose orbax files differ in their bytes, as the page says),
+    then on a run and one of its earlier checkpoints."""
+    result = _train(tmp_path / "a", training__num_train_steps=4)
+    variables, config = checkpointing.load_exported(str(tmp_path / "a"))
+    _assert_bitwise_equal(variables["params"], _params(result))
+    model = model_of(config)
+    logits = model.apply(variables, np.zeros((2, 32, 32, 3), np.float32), train=False)
+    assert logits.shape == (2, 10)
+    # A checkpoint's parameters load the same way: the last is the final state's.
+    last_variables, last_config = checkpointing.load_exported(str(tmp_path / "a" / "checkpoints" / "4"))
+    _assert_bitwise_equal(last_variables, variables)
+    assert last_config.to_dict() == config.to_dict()
+
+    _train(tmp_path / "b", training__num_train_steps=4)
     files = [{p.relative_to(tmp_path / name): p.read_bytes() for p in (tmp_path / name / "export").rglob("*")
               if p.is_file()} for name in ("a", "b")]
     assert files[0] != files[1]
@@ -111,7 +111,7 @@ def test_the_docs_comparison_of_two_runs_says_whether_they_are_equal_bit_for_bit
 
 
 def test_a_checkpoint_written_on_8_devices_resumes_on_4(tmp_path):
-    written = _train(tmp_path, training__num_train_steps=4)
+    written = _train(tmp_path, training__num_train_steps=4, checkpoint__every_steps=0)  # One save: step 4.
     m = mesh.create_mesh(4)
     config = _config(mesh__num_devices=4)
     ckpt = checkpointer_of(tmp_path, config)
@@ -122,7 +122,7 @@ def test_a_checkpoint_written_on_8_devices_resumes_on_4(tmp_path):
     ckpt.close()
     assert meta["step"] == 4 and len(jax.tree.leaves(state.params)[0].sharding.device_set) == 4
     _assert_bitwise_equal(jax.device_get(state.params), _params(written))
-    resumed = _train(tmp_path, mesh__num_devices=4, training__num_train_steps=6)
+    resumed = _train(tmp_path, mesh__num_devices=4, training__num_train_steps=6, checkpoint__every_steps=0)
     assert resumed.start_step == 4 and int(resumed.state.step) == 6
 
 
@@ -130,11 +130,14 @@ def test_the_first_progress_line_after_a_resume_says_its_window_is_the_steps_sin
                                                                                               caplog):
     """Progress every 3 steps, a resume at step 4: the line at step 6 averages steps 5 and 6 only (the
     uninterrupted run's averages 4 to 6), and says so; the next window is whole again."""
-    per_step = _train(tmp_path / "reference", training__log_every_steps=1)  # 8 steps, one record each.
+    # 8 steps, one record each; an oracle for the losses only, so it saves nothing. The other launches
+    # save only where they end: each resume needs that checkpoint alone.
+    per_step = _train(tmp_path / "reference", training__log_every_steps=1, checkpoint__enabled=False)
     loss_at = {r["step"]: r["loss"] for r in per_step.train_history}
-    _train(tmp_path / "run", training__log_every_steps=3, training__num_train_steps=4)
+    at_the_end = {"training__log_every_steps": 3, "checkpoint__every_steps": 0}
+    _train(tmp_path / "run", **at_the_end, training__num_train_steps=4)
     with caplog.at_level("INFO", logger="resnet_scaling"):
-        resumed = _train(tmp_path / "run", training__log_every_steps=3)
+        resumed = _train(tmp_path / "run", **at_the_end)
     assert resumed.start_step == 4
     records = {r["step"]: r for r in resumed.train_history}
     assert sorted(records) == [6, 8]
@@ -145,8 +148,8 @@ def test_the_first_progress_line_after_a_resume_says_its_window_is_the_steps_sin
     assert lines[6].endswith("(means over the 2 steps since the resume)"), lines
     assert "since the resume" not in lines[8]
     # A resume where a window starts (step 6, windows of 3) cuts none.
-    _train(tmp_path / "aligned", training__log_every_steps=3, training__num_train_steps=6)
-    aligned = _train(tmp_path / "aligned", training__log_every_steps=3)
+    _train(tmp_path / "aligned", **at_the_end, training__num_train_steps=6)
+    aligned = _train(tmp_path / "aligned", **at_the_end)
     assert [(r["step"], "window_since_resume" in r) for r in aligned.train_history] == [(8, False)]
 
 
@@ -196,7 +199,8 @@ def test_a_diverging_run_stops_naming_the_step_and_keeps_the_last_good_checkpoin
     m = mesh.create_mesh(8)
     # The same run stopped after its 4 good steps (the schedule jumps only from step 4 on): the state the
     # last good checkpoint must hold.
-    reference = _train(tmp_path / "fresh", **{**overrides, "training__num_train_steps": 4}).state
+    reference = _train(tmp_path / "fresh", **{**overrides, "training__num_train_steps": 4,
+                                              "checkpoint__enabled": False}).state
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=mesh.replicated_sharding(m)), reference)
     state, meta = ckpt.restore_latest(abstract)

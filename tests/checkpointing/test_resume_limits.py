@@ -17,7 +17,8 @@ def _config(**overrides):
     return tiny_config(**{**defaults, **overrides})
 
 
-def test_a_finished_run_run_again_trains_nothing_and_rewrites_nothing(tmp_path, caplog):
+def test_a_finished_run_run_again_trains_and_rewrites_nothing_and_a_shorter_one_is_refused_in_one_line(
+        tmp_path, caplog):
     arrays = random_arrays()
     first = trainer.train_and_evaluate(_config(), str(tmp_path), arrays=arrays)
     files = ("summary.json", "goodput.json", "config.json", "metrics.jsonl")
@@ -31,10 +32,7 @@ def test_a_finished_run_run_again_trains_nothing_and_rewrites_nothing(tmp_path, 
     assert "Nothing to train: this workdir's run finished at step 6 of 6" in caplog.text
     assert "Compiled the train step" not in caplog.text.split("Nothing to train")[-1]
 
-
-def test_a_run_shorter_than_the_checkpoint_is_refused_in_one_line(tmp_path):
-    arrays = random_arrays()
-    trainer.train_and_evaluate(_config(), str(tmp_path), arrays=arrays)
+    # The same finished run, asked for fewer steps than its checkpoint's.
     config_before = (tmp_path / "config.json").read_bytes()
     with pytest.raises(plan.ConfigError) as refused:
         trainer.train_and_evaluate(_config(training__num_train_steps=4), str(tmp_path), arrays=arrays)

@@ -22,12 +22,13 @@ DAMAGED_ACCOUNTS = [b"", b'{"launches": [{"start_wall": 1', b"\xff\xfe garbage",
                     b'{"launches": [{"start_wall": "soon"}]}']
 
 
-def test_a_damaged_goodput_json_is_set_aside_and_the_run_resumes(tmp_path, caplog):
+def test_a_damaged_goodput_json_and_config_changes_file_are_set_aside_and_the_run_resumes(tmp_path, caplog):
     arrays = random_arrays()
     trainer.train_and_evaluate(_config(training__num_train_steps=3), str(tmp_path), arrays=arrays)
     damage = DAMAGED_ACCOUNTS[1]  # Cut short, as a crash mid-write without an atomic rename leaves it.
     (tmp_path / "goodput.json").write_bytes(damage)
-    with caplog.at_level(logging.WARNING):
+    (tmp_path / "config_changes.jsonl").write_bytes(b"\xff\xfe\x00")
+    with caplog.at_level(logging.WARNING):  # 3 -> 6 steps: a change, for config_changes.jsonl.
         resumed = trainer.train_and_evaluate(_config(), str(tmp_path), arrays=arrays)
     assert resumed.start_step == 3 and int(resumed.state.step) == 6
     aside = list(tmp_path.glob("goodput.json.damaged-*"))
@@ -37,6 +38,10 @@ def test_a_damaged_goodput_json_is_set_aside_and_the_run_resumes(tmp_path, caplo
     launches = json.loads((tmp_path / "goodput.json").read_text())["launches"]
     assert [(launch["start_step"], launch["last_step"]) for launch in launches] == [(3, 6)]
     assert resumed.summary["goodput"]["launches"] == 1
+    # The changes file holds this launch's change alone.
+    assert "config_changes.jsonl cannot be read" in caplog.text
+    changes = [json.loads(line) for line in (tmp_path / "config_changes.jsonl").read_text().splitlines()]
+    assert [c["step"] for c in changes] == [3] and "training.num_train_steps" in changes[0]["changes"]
 
 
 @pytest.mark.parametrize("damage", DAMAGED_ACCOUNTS)
@@ -137,17 +142,6 @@ def test_metrics_lines_that_are_not_records_are_dropped_with_a_warning(tmp_path,
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3] and records[-1]["loss"] == 1.0
     assert "dropped 3 unreadable line(s) of 5" in caplog.text
-
-
-def test_a_damaged_config_changes_file_is_set_aside(tmp_path, caplog):
-    arrays = random_arrays()
-    trainer.train_and_evaluate(_config(training__num_train_steps=3), str(tmp_path), arrays=arrays)
-    (tmp_path / "config_changes.jsonl").write_bytes(b"\xff\xfe\x00")
-    with caplog.at_level(logging.WARNING):
-        trainer.train_and_evaluate(_config(), str(tmp_path), arrays=arrays)  # 3 -> 6 steps: a change.
-    assert "config_changes.jsonl cannot be read" in caplog.text
-    changes = [json.loads(line) for line in (tmp_path / "config_changes.jsonl").read_text().splitlines()]
-    assert [c["step"] for c in changes] == [3] and "training.num_train_steps" in changes[0]["changes"]
 
 
 def test_a_launch_that_dies_in_its_set_up_counts_and_a_refused_one_does_not(tmp_path, monkeypatch):

@@ -84,27 +84,29 @@ def _data_files(step_dir):
     return sorted(files, key=lambda p: p.stat().st_size)
 
 
-def test_4_kib_of_random_bytes_in_a_checkpoint_are_caught_and_the_previous_checkpoint_is_used(tmp_path,
-                                                                                               caplog):
-    _train(tmp_path, training__num_train_steps=4)
-    target = _data_files(tmp_path / "checkpoints" / "4")[-1]  # The largest: parameters and moments.
+def test_4_kib_of_random_bytes_are_caught_and_a_flipped_bit_never_restores_other_values_than_were_saved(
+        tmp_path, caplog):
+    """Checkpoint 4 of one tiny run, damaged in copies of its workdir: 4 KiB of random bytes are caught and
+    the run resumes from checkpoint 2; a flipped bit is caught likewise, or restores the values saved."""
+    result = _train(tmp_path / "run", training__num_train_steps=4)
+    random_bytes = tmp_path / "random_bytes"
+    shutil.copytree(tmp_path / "run", random_bytes)
+    target = _data_files(random_bytes / "checkpoints" / "4")[-1]  # The largest: parameters and moments.
     data = bytearray(target.read_bytes())
     start = len(data) // 2
     data[start:start + 4096] = np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes()
     target.write_bytes(bytes(data))
     with caplog.at_level("WARNING"):
-        resumed = _train(tmp_path, training__num_train_steps=6)
+        resumed = _train(random_bytes, training__num_train_steps=6)
     assert resumed.start_step == 2 and int(resumed.state.step) == 6
-    # zstd refuses most such blocks itself; the fingerprints catch the rest (next test).
+    # zstd refuses most such blocks itself; the fingerprints catch the rest (the flipped bits below).
     assert "Skipping checkpoint" in caplog.text and "checkpoints/4 (moved to" in caplog.text
-    assert [p.name.split("-")[0] for p in (tmp_path / "unreadable_checkpoints").iterdir()] == ["4"]
+    assert [p.name.split("-")[0] for p in (random_bytes / "unreadable_checkpoints").iterdir()] == ["4"]
+    caplog.clear()
 
-
-def test_a_flipped_bit_never_restores_other_values_than_were_saved(tmp_path, caplog):
     # OCDBT's chunks carry no checksum: measured, a flipped bit in the large data files restored silently
     # changed arrays. Now each flip either leaves what is restored bit-identical (bytes no array reads) or
     # the checkpoint is set aside and the previous one restored.
-    result = _train(tmp_path / "run", training__num_train_steps=4)
     saved = jax.device_get(result.state)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                             result.state)
@@ -175,7 +177,8 @@ def test_a_second_run_on_a_locked_workdir_refuses_before_any_set_up_naming_the_f
     finally:
         holder.kill()
         holder.wait()
-    result = _train(tmp_path, training__num_train_steps=2)  # Its process is gone: the lock is stale.
+    # Its process is gone: the lock is stale. (Checkpoints off: the lock is taken and released without them.)
+    result = _train(tmp_path, training__num_train_steps=2, checkpoint__enabled=False)
     assert int(result.state.step) == 2 and not (tmp_path / workdir.LOCK_FILENAME).exists()
 
 
@@ -214,12 +217,15 @@ def test_the_lock_holder_refreshes_its_heartbeat(tmp_path):
 
 
 def test_resuming_from_an_older_checkpoint_leaves_one_metric_record_per_step(tmp_path):
-    _train(tmp_path, training__log_every_steps=1, checkpoint__keep=5, eval__every_steps=2)
-    for step in (6, 8):  # As if the run had died after logging step 8 but before saving 6 and 8.
-        for path in sorted((tmp_path / "checkpoints" / str(step)).rglob("*"), reverse=True):
-            path.rmdir() if path.is_dir() else path.unlink()
-        (tmp_path / "checkpoints" / str(step)).rmdir()
-    resumed = _train(tmp_path, training__log_every_steps=1, checkpoint__keep=5, eval__every_steps=2)
+    # Saves after steps 4 and 8 only (not at the evaluations): the resume needs 4 alone.
+    settings = {"training__log_every_steps": 1, "eval__every_steps": 2, "checkpoint__every_steps": 4,
+                "checkpoint__keep_best": False}
+    _train(tmp_path, **settings)
+    # As if the run had died after logging step 8 but before saving it.
+    for path in sorted((tmp_path / "checkpoints" / "8").rglob("*"), reverse=True):
+        path.rmdir() if path.is_dir() else path.unlink()
+    (tmp_path / "checkpoints" / "8").rmdir()
+    resumed = _train(tmp_path, **settings)
     assert resumed.start_step == 4
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train_steps = [r["step"] for r in records if "loss" in r]
@@ -327,7 +333,7 @@ def test_a_background_save_that_fails_while_closing_is_named_like_any_failed_sav
     with pytest.raises(checkpointing.CheckpointSaveError,
                        match=r"checkpoint of step 6 failed: Disk quota exceeded \(EDQUOT\)\. "
                              r"The last complete checkpoint is step 4 in"):
-        _train(tmp_path, training__num_train_steps=6)
+        _train(tmp_path, training__num_train_steps=6, checkpoint__every_steps=4)  # Saves 4, then 6.
 
 
 def test_a_save_that_fails_names_its_cause(tmp_path, monkeypatch):
@@ -352,18 +358,14 @@ def test_a_save_that_fails_names_its_cause(tmp_path, monkeypatch):
 # ------------------------------------------------------------------ what a resume may change
 
 
-def test_resuming_on_other_data_is_refused_before_any_set_up(tmp_path, monkeypatch):
-    _train(tmp_path, training__num_train_steps=2)
-    monkeypatch.setattr(training_setup, "setup", _no_setup)
-    with pytest.raises(checkpointing.IncompatibleCheckpointError,
-                       match=r"data.num_train_examples: checkpoint 1281167, config 5000"):
-        _train(tmp_path, data__num_train_examples=5000)
+def test_a_changed_learning_rate_on_resume_is_said_and_recorded_and_other_data_refused_before_set_up(
+        tmp_path, caplog, monkeypatch):
+    def train(**overrides):  # Each launch saves at its end only: the next resumes from there.
+        return _train(tmp_path, checkpoint__every_steps=0, **overrides)
 
-
-def test_a_changed_learning_rate_on_resume_is_said_and_recorded(tmp_path, caplog):
-    _train(tmp_path, training__num_train_steps=4)
+    train(training__num_train_steps=4)
     with caplog.at_level("WARNING"):
-        _train(tmp_path, training__num_train_steps=6, optimizer__base_learning_rate=0.05)
+        train(training__num_train_steps=6, optimizer__base_learning_rate=0.05)
     assert ("Resuming at step 4 with changed settings: training.num_train_steps 4 -> 6; "
             "optimizer.base_learning_rate 0.1 -> 0.05.") in caplog.text
     (record,) = [json.loads(line) for line in (tmp_path / "config_changes.jsonl").read_text().splitlines()]
@@ -373,9 +375,14 @@ def test_a_changed_learning_rate_on_resume_is_said_and_recorded(tmp_path, caplog
     exported = json.loads((tmp_path / "export" / "config.json").read_text())
     assert exported["optimizer"]["base_learning_rate"] == 0.05  # Steps 5 and 6 used it.
     # A launch of a finished run runs no step: the export keeps the settings its steps used.
-    _train(tmp_path, training__num_train_steps=6, optimizer__base_learning_rate=0.01)
+    train(training__num_train_steps=6, optimizer__base_learning_rate=0.01)
     exported = json.loads((tmp_path / "export" / "config.json").read_text())
     assert exported["optimizer"]["base_learning_rate"] == 0.05
+    # Resuming on other data is refused, before any set-up.
+    monkeypatch.setattr(training_setup, "setup", _no_setup)
+    with pytest.raises(checkpointing.IncompatibleCheckpointError,
+                       match=r"data.num_train_examples: checkpoint 1281167, config 5000"):
+        train(training__num_train_steps=6, data__num_train_examples=5000)
 
 
 # ------------------------------------------------------------------ signals
