@@ -76,13 +76,16 @@ def test_the_demo_command_learns_from_jpeg_files_and_prints_under_60_lines_endin
     assert all(re.match(r"\d\d:\d\d:\d\d ", line) for line in lines), "\n".join(lines)
     assert not any(re.search(r"[IWEF]\d{4} |\.py:\d+\]", line) for line in lines), "\n".join(lines)
     messages = [line.split(" ", 1)[1] for line in lines]
-    # The process ends soon after its last log line (the headline's), not half a minute later: that is how
-    # long deleting the tf.data training iterator could wait on its autotuning thread (data/pipeline.py,
-    # _delete_iterator). Both ends are seen here, on one clock: the line as it arrived, the exit as it came.
-    assert exit_sec < 10, exit_sec
     # 6 epochs of 12,000 images at 128 a step: 562.5 steps, the last one partial.
     headline_start = max(i for i, m in enumerate(messages) if m.startswith("Done: step 563 of 563"))
     headline = messages[headline_start:]
+    # The process ends soon after its last log line (the headline's), not half a minute later: that is how
+    # long deleting the tf.data training iterator could wait on its autotuning thread (data/pipeline.py,
+    # _delete_iterator). Both ends are seen here, on one clock: the line as it arrived, the exit as it came.
+    # The bound is a quarter of this run's training loop (11 s of 44 on a quiet machine), so that a loaded
+    # machine, which slows both, does not fail it, while that fixed wait of 30 s still would.
+    loop_sec = json.loads((workdir / "summary.json").read_text())["time"]["wall_sec"]
+    assert exit_sec < loop_sec / 4, (exit_sec, loop_sec)
     top1 = re.fullmatch(r"  top-1: final (\d+\.\d\d)%, best (\d+\.\d\d)%", headline[1])
     assert top1, headline[1]
     # The README's figure is 98% top-1 on the held-out images, 10 classes (chance: 10%).

@@ -51,6 +51,8 @@ def test_images_per_sec_counts_the_device_time_of_steps_before_evaluations(tmp_p
     measured = result.summary["throughput"]["images_per_sec"]
     again = reference_images_per_sec()  # Bracket the run: the machine is shared.
     low, high = sorted((reference, again))
-    # On a quiet 2-core machine: 106 against 107 and 106 images/sec (without waiting for the device: 873).
-    # The bounds leave room for a test worker running beside this one on a shared CI machine.
-    assert 0.8 * low <= measured <= 1.25 * high, (measured, reference, again)
+    # On a quiet 2-core machine: 106 against 107 and 106 images/sec (without waiting for the device: 873,
+    # eight times too many). The bounds leave room for other work on a shared machine, which slows the
+    # run more than the brackets (0.79 of the slower bracket measured on 2 cores running three test
+    # sessions), and still catch that error several times over.
+    assert 0.6 * low <= measured <= 1.25 * high, (measured, reference, again)
