@@ -84,7 +84,8 @@ def test_the_demo_command_learns_from_jpeg_files_and_prints_under_60_lines_endin
     # _delete_iterator). Both ends are seen here, on one clock: the line as it arrived, the exit as it came.
     # The bound is a quarter of this run's training loop (11 s of 44 on a quiet machine), so that a loaded
     # machine, which slows both, does not fail it, while that fixed wait of 30 s still would.
-    loop_sec = json.loads((workdir / "summary.json").read_text())["time"]["wall_sec"]
+    summary = json.loads((workdir / "summary.json").read_text())
+    loop_sec = summary["time"]["wall_sec"]
     assert exit_sec < loop_sec / 4, (exit_sec, loop_sec)
     top1 = re.fullmatch(r"  top-1: final (\d+\.\d\d)%, best (\d+\.\d\d)%", headline[1])
     assert top1, headline[1]
@@ -119,7 +120,6 @@ def test_the_demo_command_learns_from_jpeg_files_and_prints_under_60_lines_endin
     logged = [int(p[1]) for p in progress if p]
     assert all(progress) and logged == sorted(set(logged)) and {*range(25, 563, 25), 563} <= set(logged), \
         messages
-    summary = json.loads((workdir / "summary.json").read_text())
     assert f"final {100 * summary['accuracy']['final_eval_top1']:.2f}%" in headline[1]
     # The README's table of what the workdir holds names what is there: each path, and nothing left out.
     readme = (REPO / "README.md").read_text()
