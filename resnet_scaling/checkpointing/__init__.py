@@ -43,6 +43,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import traverse_util
 from jax.experimental import multihost_utils
+from orbax.checkpoint._src.metadata import array_metadata_store  # As orbax's default handler.
 
 from resnet_scaling import config as config_lib
 from resnet_scaling.checkpointing import state_checks
@@ -198,6 +199,38 @@ def _manager_options(c: CheckpointConfig | None = None) -> ocp.CheckpointManager
         enable_async_checkpointing=c.async_save, cleanup_tmp_directories=True, create=True)
 
 
+# orbax writes an array that every replica holds (this data-parallel state) in slices, one per replica, so
+# that the replicas' hosts share the writing. Below this many bytes a slice costs more than it shares: a
+# device slice each (compiled per device and shape at the first save), a transfer and a file chunk each;
+# a BN vector split over 8 or 256 replicas gives slices of a few bytes. Smaller arrays are written whole by
+# the first replica.
+MIN_SLICE_BYTES_FOR_REPLICA_PARALLEL = 2**20
+
+
+def _state_handler(multiprocessing_options: ocp.options.MultiprocessingOptions | None = None
+                   ) -> ocp.PyTreeCheckpointHandler:
+    """The handler of a train state or exported variables (what `StandardCheckpointHandler` is, with
+    replica-parallel writes only for slices of `MIN_SLICE_BYTES_FOR_REPLICA_PARALLEL` or more)."""
+    handlers = ocp.type_handlers
+    # orbax's default registry (`type_handler_registry._DEFAULT_TYPE_HANDLERS`) with the size gate added.
+    registry = handlers.create_type_handler_registry(
+        *((ty, handlers.ScalarHandler()) for ty in (int, float, bytes, np.number)),
+        (np.ndarray, handlers.NumpyHandler()),
+        (jax.Array, handlers.ArrayHandler(
+            min_slice_bytes_for_replica_parallel=MIN_SLICE_BYTES_FOR_REPLICA_PARALLEL,
+            array_metadata_store=array_metadata_store.Store())),
+        (str, handlers.StringHandler()))
+    return ocp.PyTreeCheckpointHandler(
+        multiprocessing_options=multiprocessing_options or ocp.options.MultiprocessingOptions(),
+        type_handler_registry=registry)
+
+
+def _restore_args(abstract_state: Any) -> ocp.args.PyTreeRestore:
+    """Restores into `abstract_state`'s shapes, dtypes and shardings."""
+    return ocp.args.PyTreeRestore(abstract_state,
+                                  restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_state))
+
+
 def best_step(workdir: str) -> int | None:
     """The kept checkpoint with the best evaluated top-1 (the later on a tie), or None."""
     directory = workdir_lib.as_path(workdir) / "checkpoints"
@@ -234,8 +267,9 @@ class Checkpointer:
         root = workdir_lib.as_path(workdir)
         self._workdir = workdir
         self.directory = str(root / "checkpoints")
-        self._manager = ocp.CheckpointManager(self.directory, options=_manager_options(options),
-                                              item_names=("state", "meta"))
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=_manager_options(options),
+            item_handlers={"state": _state_handler(), "meta": ocp.JsonCheckpointHandler()})
         self._export_directory = str(root / "export")
         self.last_started_step: int | None = None
 
@@ -264,7 +298,7 @@ class Checkpointer:
         # multi-process sync point, not a single process's SIGTERM: they would save other steps.
         try:
             self._manager.save(step, args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+                state=ocp.args.PyTreeSave(state), meta=ocp.args.JsonSave(meta)),
                 metrics=metrics, force=True)
         except Exception as e:  # noqa: BLE001 - any failure to save ends the run with its cause named.
             raise self._save_error(step, e) from e
@@ -303,7 +337,7 @@ class Checkpointer:
             check_compatible(meta["config"], self._run_config, self.directory)
             try:
                 restored = self._manager.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract_state)))["state"]
+                    state=_restore_args(abstract_state)))["state"]
             except Exception as e:  # noqa: BLE001
                 self._quarantine(step, e)
                 continue
@@ -365,10 +399,10 @@ class Checkpointer:
                                      f"the checkpoints in {self.directory} are unchanged.")
         # Barriers of its own: the final checkpoint's save, whose barriers are named after the same step, may
         # still be under way (two processes then took each other's barriers: one timed out, one hung).
-        checkpointer = ocp.StandardCheckpointer(
-            multiprocessing_options=ocp.options.MultiprocessingOptions(barrier_sync_key_prefix="export"))
+        options = ocp.options.MultiprocessingOptions(barrier_sync_key_prefix="export")
+        checkpointer = ocp.AsyncCheckpointer(_state_handler(options), multiprocessing_options=options)
         path = epath.Path(self._export_directory) / "variables"
-        checkpointer.save(path, variables, force=True)
+        checkpointer.save(path, args=ocp.args.PyTreeSave(variables), force=True)
         checkpointer.wait_until_finished()
         if jax.process_index() == 0:
             write_class_names(self._export_directory, self._class_names)

@@ -141,10 +141,12 @@ class StopSignals:
     @contextlib.contextmanager
     def phase(self, doing: str, *, then: str | None = None) -> Iterator[StopSignals]:
         """The block is phase `doing`; `then`: it keeps work, and a stop runs on to what `then` says."""
-        logger.debug("Phase: %s.", doing)  # With --verbosity=1: where a stop would land.
         with self._lock:
             self._phases.append(Phase(doing, then))
             stop_now = then is None and self.requested  # A stop that came as the last phase ended.
+        # With --verbosity=1: where a stop would land. Logged once the phase is entered, so that a stop sent
+        # on seeing the line lands in it.
+        logger.debug("Phase: %s.", doing)
         if stop_now:
             self._stop_now(f"Stopped ({self.signal_name}) while {doing}: {self._safe}.", STOPPED_EXIT_STATUS)
         try:
