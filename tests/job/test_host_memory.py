@@ -4,7 +4,6 @@ import ctypes
 import ctypes.util
 import json
 import os
-import statistics
 import subprocess
 import sys
 import textwrap
@@ -86,18 +85,24 @@ def test_the_training_step_takes_no_page_faults_once_warm(tmp_path):
                        + jnp.cumsum(jnp.tanh(x.T), axis=1).sum())
         x = jnp.ones((5000, 5000))
         faults = []
-        for _ in range(8):
+        for _ in range(int(sys.argv[2])):
             before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             step(x).block_until_ready()
             faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
         print(json.dumps(faults))
     """)
-    default = json.loads(_run(script, "default").stdout.splitlines()[-1])
-    kept = json.loads(_run(script, "keep").stdout.splitlines()[-1])
+    # A call can fault the temporaries in once more when it runs on a thread whose glibc arena has not
+    # grown yet: each arena grows once, and the step runs on the caller's thread or one of XLA's (one a
+    # core). So after 2 warm-up calls, twice as many calls as those threads: at most half of them fault.
+    threads = (os.cpu_count() or 1) + 1
+    calls = 2 + 2 * threads
+    default = json.loads(_run(script, "default", str(calls)).stdout.splitlines()[-1])
+    kept = json.loads(_run(script, "keep", str(calls)).stdout.splitlines()[-1])
     # With glibc's defaults every call faults in at least two temporaries' pages afresh (measured: 74,800
-    # faults a call, three); kept, none once the heap has grown (2 calls). Under load a later call can fault
-    # the temporaries in once more (XLA's threads allocate from glibc's per-thread arenas, each grown once),
-    # so the median. (4,000-pixel temporaries, 61 MiB, were faulted in again every other call under load.)
+    # faults a call, three); kept, none once the heap has grown, but for the threads' first calls above (a
+    # loaded 2-core machine showed 2 of 6). (4,000-pixel temporaries, 61 MiB, were faulted in again every
+    # other call under load.)
     pages_per_temporary = 5000 * 5000 * 4 // 4096
-    assert min(default[-4:]) > 2 * pages_per_temporary, default
-    assert statistics.median(kept[-4:]) * 10 < min(default[-4:]), (kept, default)
+    assert min(default[2:]) > 2 * pages_per_temporary, default
+    quiet = [f for f in kept[2:] if f * 10 < min(default[2:])]
+    assert len(quiet) >= threads, (kept, default)
