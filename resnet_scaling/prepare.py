@@ -83,14 +83,24 @@ def parse_expect(pairs: list[str]) -> dict[str, int]:
     return expected
 
 
+def _tfds():
+    """TFDS, after TensorFlow is imported as the library imports it (GPUs hidden from it: preparing needs
+    none, and a training job may be using them; quiet; without Keras)."""
+    from resnet_scaling.job import tf_import
+
+    tf_import.import_tensorflow_for_host()
+    import tensorflow_datasets as tfds
+
+    return tfds
+
+
 def check_manual_dir(dataset: str, manual_dir: str) -> list[str]:
     """Checks that `manual_dir` holds what `dataset` is prepared from, before hours of work start.
 
     Returns warnings (a tar whose size is not the official one's: fine for a subset, fatal part way through
     for a partial download); raises PrepareError naming a missing file and where to get it.
     """
-    import tensorflow_datasets as tfds
-
+    tfds = _tfds()
     folder = epath.Path(manual_dir)
     required = _MANUAL_FILES.get(base_name(dataset))
     if required is None:  # Another dataset: TFDS's own instructions say what goes in its manual_dir.
@@ -115,9 +125,7 @@ def check_manual_dir(dataset: str, manual_dir: str) -> list[str]:
 
 def incomplete_dirs(dataset: str, data_dir: str) -> list[epath.Path]:
     """Temporary folders that interrupted TFDS preparations of `dataset` left in `data_dir`."""
-    import tensorflow_datasets as tfds
-
-    builder = tfds.builder(dataset, data_dir=data_dir)
+    builder = _tfds().builder(dataset, data_dir=data_dir)
     # TFDS's temporary folder sits beside the version folder: <name>[/<config>]/incomplete.XXXXXX_<version>.
     return sorted(builder.data_path.parent.glob("incomplete.*"))
 
@@ -132,8 +140,7 @@ def prepare(dataset: str, data_dir: str, manual_dir: str | None = None) -> dict[
     Returns:
       {split: number of examples} of the prepared dataset, after `verify`.
     """
-    import tensorflow_datasets as tfds
-
+    tfds = _tfds()
     try:
         builder = tfds.builder(dataset, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError as e:
@@ -153,10 +160,6 @@ def prepare(dataset: str, data_dir: str, manual_dir: str | None = None) -> dict[
     if base_name(dataset) in _MANUAL_FILES and not test_tar.exists():
         logger.info("No ILSVRC2012_img_test.tar: no test split (its labels were never released; training "
                     "and evaluation use train and validation), so TFDS's warning about it is expected.")
-    # Hide GPUs from TensorFlow: preparing needs none, and a training job may be using them.
-    from resnet_scaling.job import tf_import
-
-    tf_import.import_tensorflow_for_host()
     logger.info("Preparing %s in %s from %s. TFDS shows a progress bar per split; the full ImageNet takes "
                 "a few hours. Interrupted, it starts over when run again.", builder.info.full_name,
                 builder.data_dir, manual_dir)

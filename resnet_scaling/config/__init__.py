@@ -167,7 +167,7 @@ def get_base_config() -> ml_collections.ConfigDict:
     # is never checkpointed; 0: off. Weight decay and BN keep it within a few x; a runaway learning rate
     # multiplies it by 1e3-1e10 in a few steps, before the loss turns NaN (NaN is never checkpointed anyway).
     config.training.max_param_norm_growth = 100.0
-    config.training.tensorboard = True  # Also write TensorBoard event files (clu; imports TensorFlow).
+    config.training.tensorboard = True  # Also write a TensorBoard event file (without TensorFlow).
     # Before timing steady-state images/sec and time-to-accuracy: one epoch, as the case study ran; 0: none.
     config.training.timing_warmup_steps = placeholder(int)
     config.training.timing_warmup_examples = placeholder(int)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import socket
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -64,20 +66,34 @@ def _step_of(line: str) -> float:
 
 
 class TensorBoardWriter:
-    """Scalars as TensorBoard event files through clu (imported lazily: it pulls in TensorFlow)."""
+    """Scalars and the run's config as a TensorBoard event file, without TensorFlow.
+
+    Each summary is TensorBoard's own (`scalar_pb`, `text_pb`: tensor summaries, as `tf.summary` writes),
+    framed by its `RecordWriter`, in a file named as `tf.summary`'s are. Not clu's `SummaryWriter` (clu
+    0.0.12, the flax examples'): it writes through `tf.summary`, and importing TensorFlow costs seconds at
+    every launch of a run whose data never needed it (arrays, synthetic). Each write is flushed: a crashed
+    run's event file has every record written before the crash.
+    """
 
     NOT_PLOTTED = ("step", "eval_count", "window_steps", "window_since_resume")
 
     def __init__(self, logdir: str, config_text: str | None = None) -> None:
-        from resnet_scaling.job import tf_import
+        from tensorboard.compat.proto import event_pb2
+        from tensorboard.plugins.scalar import summary_v2 as scalar_summary
+        from tensorboard.plugins.text import summary_v2 as text_summary
+        from tensorboard.summary.writer import record_writer
 
-        tf_import.import_tensorflow_for_host()
-        from clu import metric_writers
-
-        self._writer = metric_writers.SummaryWriter(logdir)
+        self._event, self._scalar_pb = event_pb2.Event, scalar_summary.scalar_pb
+        folder = epath.Path(logdir)
+        folder.mkdir(parents=True, exist_ok=True)
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.0.v2"
+        self._file = contextlib.ExitStack()  # epath's open is a context manager on gs://, a file locally.
+        self._records = record_writer.RecordWriter(self._file.enter_context((folder / name).open("wb")))
+        self._write(self._event(wall_time=time.time(), file_version="brain.Event:2"))
         if config_text is not None:  # Indented: TensorBoard renders text as Markdown.
             indented = "\n".join("    " + line for line in config_text.splitlines())
-            self._writer.write_texts(0, {"config": indented})
+            self._write(self._event(wall_time=time.time(), step=0,
+                                    summary=text_summary.text_pb("config", indented)))
 
     @staticmethod
     def tag(key: str) -> str:
@@ -85,20 +101,22 @@ class TensorBoardWriter:
         return f"eval/{key[len('eval_'):]}" if key.startswith("eval_") else f"train/{key}"
 
     def write(self, step: int, values: Mapping[str, Any]) -> None:
-        scalars = {self.tag(k): v for k, v in values.items()
-                   if isinstance(v, int | float) and k not in self.NOT_PLOTTED}
-        self._writer.write_scalars(int(step), scalars)
+        now = time.time()
+        for key, value in values.items():
+            if isinstance(value, int | float) and key not in self.NOT_PLOTTED:
+                self._write(self._event(wall_time=now, step=int(step),
+                                        summary=self._scalar_pb(self.tag(key), value)))
+
+    def _write(self, event: Any) -> None:
+        self._records.write(event.SerializeToString())
+        self._records.flush()
 
     def close(self) -> None:
-        self._writer.close()
+        self._file.close()
 
 
 class MetricWriters:
-    """Fans each record out to JSON lines and, where clu and TensorBoard are installed, event files.
-
-    Not clu's `MultiWriter` (clu 0.0.12): `clu.metric_writers` imports TensorFlow, which JSON lines must
-    not need (runs on arrays or synthetic data, the GPU image).
-    """
+    """Fans each record out to JSON lines and, where TensorBoard is installed, an event file."""
 
     def __init__(self, workdir: str, tensorboard: bool = True, config_text: str | None = None,
                  resume_step: int | None = None) -> None:

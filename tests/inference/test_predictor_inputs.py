@@ -55,9 +55,10 @@ def test_a_file_run_crops_and_resizes_as_its_evaluation_did():
         predictor.prepare([np.zeros((40, 40), np.uint8)])
 
 
-def test_prepare_in_a_fresh_process_prints_nothing(tmp_path):
+def test_prepare_in_a_fresh_process_prints_nothing_and_loads_keras_only_for_tf_keras(tmp_path):
     """A research script's first `prepare` imports TensorFlow, whose C++ runtime printed its oneDNN and
-    logging notices (twice) on the script's stderr."""
+    logging notices (twice) on the script's stderr; and whose import loaded all of Keras (pandas and
+    matplotlib with it), which decoding never uses. The script's own `tf.keras` is still Keras 3."""
     import os
     import pathlib
     import subprocess
@@ -73,10 +74,13 @@ def test_prepare_in_a_fresh_process_prints_nothing(tmp_path):
               "model = model_of(config)\n"
               "variables = model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)), train=False)\n"
               "predictor = Predictor(jax.device_get(variables), config)\n"
-              "print(predictor.prepare(np.zeros((1, 48, 72, 3), np.uint8)).shape)\n")
+              "print(predictor.prepare(np.zeros((1, 48, 72, 3), np.uint8)).shape)\n"
+              "import os, sys, tensorflow as tf\n"
+              "print(sorted({'keras', 'pandas', 'matplotlib'} & set(sys.modules)))\n"
+              "print(os.environ.get('TF_USE_LEGACY_KERAS'), tf.keras.layers.Dense.__module__)\n")
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL",)}
     proc = subprocess.run([sys.executable, "-c", script], cwd=repo, env={**env, "PYTHONPATH": str(repo)},
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip() == "(1, 32, 32, 3)"
+    assert proc.stdout.splitlines() == ["(1, 32, 32, 3)", "[]", "None keras.src.layers.core.dense"]
     assert proc.stderr == "", proc.stderr

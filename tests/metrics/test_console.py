@@ -209,6 +209,12 @@ def test_tensorboard_groups_train_and_eval_tags_and_holds_the_config(tmp_path):
             "eval/loss", "config"} <= tags
     assert not {t for t in tags if t.endswith(("/step", "/eval_count", "/count"))}
     assert "resnet_tiny" in events.Tensors("config")[0].tensor_proto.string_val[0].decode()
+    # Each point is metrics.jsonl's record of that step, as float32 (what TensorBoard keeps).
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    for tag, key in (("train/loss", "loss"), ("eval/top1", "eval_top1")):
+        points = [(e.step, e.tensor_proto.float_val[0]) for e in events.Tensors(tag)]
+        expected = [(r["step"], pytest.approx(r[key], rel=1e-6)) for r in records if key in r]
+        assert points == expected and len(points) == 2, (tag, points, expected)
 
 
 def test_show_progress_prints_the_time_past_a_bare_basic_config_and_gives_way_to_a_configured_handler(

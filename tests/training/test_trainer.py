@@ -93,11 +93,12 @@ def test_arrays_of_another_image_size_than_the_config_are_refused(tmp_path):
         trainer.train_and_evaluate(tiny_config(), str(tmp_path), arrays=arrays)
 
 
-def test_the_synthetic_path_trains_without_tensorflow(tmp_path):
-    # As on the GPU machine, which has no TensorFlow: model, step, metrics and checkpoints must not need it.
+def test_the_synthetic_path_trains_and_writes_tensorboard_without_tensorflow(tmp_path):
+    # As on the GPU machine, which has no TensorFlow: model, step, metrics, TensorBoard's event file and
+    # checkpoints must not need it.
     script = (
         "import sys\n"
-        "for name in ('tensorflow', 'tensorflow_datasets', 'clu'):\n"
+        "for name in ('tensorflow', 'tensorflow_datasets'):\n"
         "    sys.modules[name] = None  # Importing it now fails as if it were not installed.\n"
         "import jax\n"
         "jax.config.update('jax_disable_most_optimizations', True)  # Compile fast, as conftest.py does.\n"
@@ -115,4 +116,13 @@ def test_the_synthetic_path_trains_without_tensorflow(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0 and "trained without tensorflow" in proc.stdout, proc.stderr[-3000:]
-    assert "TensorBoard summaries off" in proc.stderr  # Asked for, and declined with a warning.
+    assert "TensorBoard summaries off" not in proc.stderr, proc.stderr[-3000:]
+    (events,) = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
+    assert events.stat().st_size > 0
+
+
+def test_without_tensorboard_installed_the_run_says_so_and_writes_metrics_jsonl(tmp_path, monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # Importing it now fails as if not installed.
+    trainer.train_and_evaluate(tiny_config(training__tensorboard=True), str(tmp_path), arrays=random_arrays())
+    assert "TensorBoard summaries off" in caplog.text
+    assert not (tmp_path / "tensorboard").exists() and (tmp_path / "metrics.jsonl").is_file()
