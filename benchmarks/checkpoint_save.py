@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -74,11 +72,7 @@ def save_seconds(variant: str, overrides: list[str], num_devices: int) -> list[f
     """The 4 saves' seconds in a fresh process with `num_devices` fake CPU devices."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": f"--xla_force_host_platform_device_count={num_devices}"}
-    proc = subprocess.run([sys.executable, "-c", _CHILD, variant, *overrides], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-3000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])["seconds"]
+    return harness.run_child_json(_CHILD, [variant, *overrides], env, cwd=REPO)["seconds"]
 
 
 def main(argv: list[str]) -> None:

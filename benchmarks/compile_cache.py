@@ -13,10 +13,8 @@ Prints a table of medians and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -50,11 +48,7 @@ print(json.dumps({"compile_sec": seconds}))
 def compile_sec(cache_dir: str, config_args: list[str]) -> float:
     """Compile seconds of the train step in a fresh process using `cache_dir`."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    proc = subprocess.run([sys.executable, "-c", _CHILD, cache_dir, *config_args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-3000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])["compile_sec"]
+    return harness.run_child_json(_CHILD, [cache_dir, *config_args], env, cwd=REPO)["compile_sec"]
 
 
 def main(argv: list[str]) -> None:

@@ -16,6 +16,7 @@ import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -41,6 +42,20 @@ def alternate(variants: Mapping[str, Callable[[], T]], repeats: int) -> dict[str
         for name, measure in variants.items():
             runs[name].append(measure())
     return runs
+
+
+def run_child_json(script: str, args: Sequence[str], env: Mapping[str, str], cwd: str | os.PathLike[str],
+                   timeout_sec: float = 900) -> Any:
+    """Runs `script` (Python source) in a fresh interpreter; returns the JSON of its last stdout line.
+
+    Raises:
+      RuntimeError: the child failed; the message is the end of its stderr.
+    """
+    proc = subprocess.run([sys.executable, "-c", script, *args], cwd=cwd, env=dict(env), capture_output=True,
+                          text=True, timeout=timeout_sec)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def medians(runs: Mapping[str, Sequence[float]]) -> dict[str, float]:

@@ -44,3 +44,10 @@ def test_the_json_records_where_it_was_measured_and_the_table_is_markdown(harnes
     assert [p.name for p in out.parent.iterdir()] == ["result.json"]  # No temporary file left beside it.
     assert harness.markdown_table(["a", "b"], [[1, "x"]]).splitlines() == ["| a | b |", "|---|---|",
                                                                             "| 1 | x |"]
+
+
+def test_a_child_gives_the_json_of_its_last_line_or_its_stderr_as_the_error(harness, tmp_path):
+    script = "import json, os, sys\nprint('noise')\nprint(json.dumps([sys.argv[1:], os.getcwd()]))\n"
+    assert harness.run_child_json(script, ["a", "b"], {}, cwd=tmp_path) == [["a", "b"], str(tmp_path)]
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        harness.run_child_json("print('{}')\n1 / 0", [], {}, cwd=tmp_path)
