@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -86,9 +87,12 @@ class TensorBoardWriter:
         self._event, self._scalar_pb = event_pb2.Event, scalar_summary.scalar_pb
         folder = epath.Path(logdir)
         folder.mkdir(parents=True, exist_ok=True)
-        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.0.v2"
+        # tf.summary's name; its last number counts up past files of this second and process (a run resumed
+        # in the same process within the second), which "wb" would empty.
+        stem = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
+        path = next(p for n in itertools.count() if not (p := folder / f"{stem}.{n}.v2").exists())
         self._file = contextlib.ExitStack()  # epath's open is a context manager on gs://, a file locally.
-        self._records = record_writer.RecordWriter(self._file.enter_context((folder / name).open("wb")))
+        self._records = record_writer.RecordWriter(self._file.enter_context(path.open("wb")))
         self._write(self._event(wall_time=time.time(), file_version="brain.Event:2"))
         if config_text is not None:  # Indented: TensorBoard renders text as Markdown.
             indented = "\n".join("    " + line for line in config_text.splitlines())

@@ -217,6 +217,24 @@ def test_tensorboard_groups_train_and_eval_tags_and_holds_the_config(tmp_path):
         assert points == expected and len(points) == 2, (tag, points, expected)
 
 
+def test_a_second_event_file_of_the_same_second_and_process_leaves_the_first_whole(tmp_path, monkeypatch):
+    """A run resumed in the same process within a second (a library user's retry) opens a second event file:
+    named apart, so that the first run's points are all still read."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    from resnet_scaling.metrics import writers
+
+    monkeypatch.setattr(writers.time, "time", lambda: 1_800_000_000.0)  # Both files in one second.
+    for step, loss in ((1, 2.5), (2, 1.5)):
+        writer = writers.TensorBoardWriter(str(tmp_path))
+        writer.write(step, {"loss": loss})
+        writer.close()
+    assert len(list(tmp_path.glob("events.out.tfevents.1800000000.*"))) == 2
+    events = event_accumulator.EventAccumulator(str(tmp_path), size_guidance={event_accumulator.TENSORS: 0})
+    events.Reload()
+    assert [(e.step, e.tensor_proto.float_val[0]) for e in events.Tensors("train/loss")] == [(1, 2.5), (2, 1.5)]
+
+
 def test_show_progress_prints_the_time_past_a_bare_basic_config_and_gives_way_to_a_configured_handler(
         capsys):
     """In-process, the two states of a script's logging: only absl's implicit `logging.basicConfig()` (our

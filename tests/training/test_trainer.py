@@ -121,7 +121,8 @@ def test_the_synthetic_path_trains_and_writes_tensorboard_without_tensorflow(tmp
     assert events.stat().st_size > 0
 
 
-def test_without_tensorboard_installed_the_run_says_so_and_writes_metrics_jsonl(tmp_path, monkeypatch, caplog):
+def test_without_tensorboard_installed_the_run_says_so_and_writes_metrics_jsonl(tmp_path, monkeypatch,
+                                                                              caplog):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # Importing it now fails as if not installed.
     trainer.train_and_evaluate(tiny_config(training__tensorboard=True), str(tmp_path), arrays=random_arrays())
     assert "TensorBoard summaries off" in caplog.text
