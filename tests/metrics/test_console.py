@@ -232,7 +232,8 @@ def test_a_second_event_file_of_the_same_second_and_process_leaves_the_first_who
     assert len(list(tmp_path.glob("events.out.tfevents.1800000000.*"))) == 2
     events = event_accumulator.EventAccumulator(str(tmp_path), size_guidance={event_accumulator.TENSORS: 0})
     events.Reload()
-    assert [(e.step, e.tensor_proto.float_val[0]) for e in events.Tensors("train/loss")] == [(1, 2.5), (2, 1.5)]
+    points = [(e.step, e.tensor_proto.float_val[0]) for e in events.Tensors("train/loss")]
+    assert points == [(1, 2.5), (2, 1.5)]
 
 
 def test_show_progress_prints_the_time_past_a_bare_basic_config_and_gives_way_to_a_configured_handler(
