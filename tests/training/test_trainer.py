@@ -123,7 +123,10 @@ def test_the_synthetic_path_trains_and_writes_tensorboard_without_tensorflow(tmp
 
 def test_without_tensorboard_installed_the_run_says_so_and_writes_metrics_jsonl(tmp_path, monkeypatch,
                                                                               caplog):
-    monkeypatch.setitem(sys.modules, "tensorboard", None)  # Importing it now fails as if not installed.
+    # Importing it now fails as if it were not installed, even where an earlier test imported it.
+    loaded = [name for name in sys.modules if name.startswith("tensorboard.")]
+    for name in ("tensorboard", *loaded):
+        monkeypatch.setitem(sys.modules, name, None)
     trainer.train_and_evaluate(tiny_config(training__tensorboard=True), str(tmp_path), arrays=random_arrays())
     assert "TensorBoard summaries off" in caplog.text
     assert not (tmp_path / "tensorboard").exists() and (tmp_path / "metrics.jsonl").is_file()
