@@ -93,11 +93,12 @@ class TensorBoardWriter:
         path = next(p for n in itertools.count() if not (p := folder / f"{stem}.{n}.v2").exists())
         self._file = contextlib.ExitStack()  # epath's open is a context manager on gs://, a file locally.
         self._records = record_writer.RecordWriter(self._file.enter_context(path.open("wb")))
-        self._write(self._event(wall_time=time.time(), file_version="brain.Event:2"))
+        events = [self._event(wall_time=time.time(), file_version="brain.Event:2")]
         if config_text is not None:  # Indented: TensorBoard renders text as Markdown.
             indented = "\n".join("    " + line for line in config_text.splitlines())
-            self._write(self._event(wall_time=time.time(), step=0,
-                                    summary=text_summary.text_pb("config", indented)))
+            events.append(self._event(wall_time=time.time(), step=0,
+                                      summary=text_summary.text_pb("config", indented)))
+        self._write(events)
 
     @staticmethod
     def tag(key: str) -> str:
@@ -106,13 +107,14 @@ class TensorBoardWriter:
 
     def write(self, step: int, values: Mapping[str, Any]) -> None:
         now = time.time()
-        for key, value in values.items():
-            if isinstance(value, int | float) and key not in self.NOT_PLOTTED:
-                self._write(self._event(wall_time=now, step=int(step),
-                                        summary=self._scalar_pb(self.tag(key), value)))
+        self._write([self._event(wall_time=now, step=int(step), summary=self._scalar_pb(self.tag(key), value))
+                     for key, value in values.items()
+                     if isinstance(value, int | float) and key not in self.NOT_PLOTTED])
 
-    def _write(self, event: Any) -> None:
-        self._records.write(event.SerializeToString())
+    def _write(self, events: list[Any]) -> None:
+        """Appends `events`, then flushes once (on gs://, a flush uploads the whole file again)."""
+        for event in events:
+            self._records.write(event.SerializeToString())
         self._records.flush()
 
     def close(self) -> None:
