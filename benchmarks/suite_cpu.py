@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import resource
 import subprocess
 import sys
@@ -78,7 +79,8 @@ def main(argv: list[str]) -> int:
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--top", type=int, default=40, help="Tests and files listed.")
-    harness.add_flags(parser, repeats=1, json_out=os.path.join(here, "results", "suite_cpu.json"))
+    parser.add_argument("--json_out", default=os.path.join(here, "results", "suite_cpu.json"),
+                        help="Where the JSON goes.")
     args, pytest_args = parser.parse_known_args(argv)
     repo_tests = os.path.join(os.path.dirname(here), "tests")
     pytest_args = ([a for a in pytest_args if a != "--"]
@@ -91,7 +93,7 @@ def main(argv: list[str]) -> int:
                                 env=env).returncode
         wall_sec, total_cpu_sec = time.monotonic() - start, _cpu_sec(resource.RUSAGE_CHILDREN) - before
         records = [json.loads(line) for name in sorted(os.listdir(folder))
-                   for line in open(os.path.join(folder, name))]
+                   for line in pathlib.Path(folder, name).read_text().splitlines()]
     summary = summarize(records, args.top)
     print(f"\n{summary['tests']} tests in {wall_sec:.0f} s: {total_cpu_sec:.0f} CPU s in all (pytest, its "
           f"workers and every process they waited for); in the tests' own processes "
