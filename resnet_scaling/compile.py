@@ -6,30 +6,28 @@
 
 Needs libtpu (`pip install -e '.[tpu]'`) for a TPU, JAX's CUDA plugin and ptxas (`pip install -e
 '.[gpu_compile]'`) for a GPU; neither the TPU nor the GPU. Prints per-device memory against the chip's or
-card's, FLOPs per step and the step's collectives (planning/aot.py).
+card's, FLOPs per step and the step's collectives (planning/aot.py). JAX loads once the command line is
+read: `--help` and a usage mistake answer in a fraction of a second.
 """
 
 from __future__ import annotations
-
-from resnet_scaling.job import native_noise
-
-if __name__ == "__main__":  # Before the imports below load JAX.
-    native_noise.import_jax_quietly()
 
 import dataclasses
 import json
 import logging
 import os
+from typing import TYPE_CHECKING
 
 import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
 from resnet_scaling import config as config_lib
-from resnet_scaling.job import errors, process_setup, workdir
-from resnet_scaling.metrics import console
-from resnet_scaling.planning import aot, shipped_reports
-from resnet_scaling.training import training_setup
+from resnet_scaling.config import command_line
+from resnet_scaling.job import console, errors, native_noise, workdir
+
+if TYPE_CHECKING:
+    from resnet_scaling.planning import aot
 
 logger = logging.getLogger("resnet_scaling.compile")  # Not __name__: "__main__" under `python -m`.
 
@@ -46,15 +44,19 @@ _SHIPPED = flags.DEFINE_bool("shipped", False, "Compile every shipped config tha
 
 
 def main(argv: list[str]) -> None:
-    console.refuse_arguments(argv)
+    command_line.refuse_arguments(argv)
+    if not _SHIPPED.value and _CONFIG.value is None:
+        raise SystemExit("error: --config is required (or --shipped): the config to compile.")
     console.configure_command_line_logging()
+    native_noise.import_jax_quietly()  # Before the imports below load JAX.
+    from resnet_scaling.job import process_setup
+    from resnet_scaling.planning import aot
+
     process_setup.start_host_compiler()
     if _SHIPPED.value:
         write_shipped_reports()
         return
-    if _CONFIG.value is None:
-        raise SystemExit("error: --config is required (or --shipped): the config to compile.")
-    config = console.read_config_flag(_CONFIG)
+    config = command_line.read_config_flag(_CONFIG)
     try:  # libtpu or the CUDA plugin missing, a target it cannot describe, an invalid config: one line each.
         report = compile_config(config, _TOPOLOGY.value or "")
     except errors.RunError as e:
@@ -70,6 +72,9 @@ def main(argv: list[str]) -> None:
 def compile_config(config: ml_collections.ConfigDict, topology: str = "") -> aot.CompileReport:
     """`config`'s train and evaluation steps compiled for its target (`topology`, else its own TPU topology
     or GPUs), and their report."""
+    from resnet_scaling.planning import aot
+    from resnet_scaling.training import training_setup
+
     target = aot.target_for(config.system, max(1, config.mesh.num_devices), topology)
     logger.info("Compiling the %s train and evaluation steps for %s: %d x %s.", config.model.name,
                 target.topology, len(target.devices), target.devices[0].device_kind)
@@ -81,6 +86,8 @@ def compile_config(config: ml_collections.ConfigDict, topology: str = "") -> aot
 def write_shipped_reports(names: list[str] | None = None) -> None:
     """Compiles every shipped TPU and GPU config (or those of `names`) for its target and writes its report
     into the package."""
+    from resnet_scaling.planning import shipped_reports
+
     names = shipped_reports.shipped_compiled_configs() if names is None else names
     for i, name in enumerate(names, 1):
         config = config_lib.load_config(name)
@@ -93,4 +100,4 @@ def write_shipped_reports(names: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=console.parse_config_flags)
+    app.run(main, flags_parser=command_line.parse_config_flags)

@@ -5,23 +5,19 @@ makes one exact pass over its evaluation split and writes `WORKDIR/eval_<weights
 (`evaluation.evaluate_workdir` from Python). For a moved dataset: `--override=data.data_dir=/mnt/tfds`.
 
 The package imports `inference/evaluation.py`, never this module: runpy warns if `python -m` finds it
-imported.
+imported. JAX and the evaluation code load once the command line is read: `--help` and a usage mistake
+answer in a fraction of a second.
 """
 
 from __future__ import annotations
 
 from resnet_scaling.job import native_noise, stopping
 
-if __name__ == "__main__":  # First: a Ctrl-C or SIGTERM during the imports below (seconds) ends in one line.
+if __name__ == "__main__":  # First: a Ctrl-C or SIGTERM during the imports (seconds) ends in one line.
     stopping.StopSignals.install(safe="nothing was written; rerun the same command to evaluate")
-    native_noise.import_jax_quietly()  # Before the imports below load JAX.
-
-import jax
 
 from resnet_scaling import config as config_lib
-from resnet_scaling import data as data_lib
-from resnet_scaling.inference import predict
-from resnet_scaling.inference.evaluation import evaluate_workdir, format_result
+from resnet_scaling.job import workdir
 
 # Flags only when run as the command: importing must not add ones that clash (train.py has `--workdir`).
 
@@ -31,7 +27,7 @@ def _define_flags() -> None:
 
     flags.DEFINE_string("workdir", None, "The run's workdir (holding export/ or evaluated checkpoints).",
                         required=True)
-    flags.DEFINE_enum("weights", "export", predict.WEIGHTS,
+    flags.DEFINE_enum("weights", "export", workdir.WEIGHTS,
                       "The final (export) or the best evaluation's parameters.")
     flags.DEFINE_string("split", None, "A TFDS split to evaluate instead of config.data.eval_split.")
     flags.DEFINE_multi_string("override", [], "FIELD=VALUE for a data.* or eval.* field of the run's config, "
@@ -45,10 +41,10 @@ def main(argv: list[str]) -> None:
     """The command: evaluates, prints the figures and writes the JSON; errors end as one `error:` line."""
     from absl import flags
 
-    from resnet_scaling.job import process_setup
-    from resnet_scaling.metrics import console
+    from resnet_scaling.config import command_line
+    from resnet_scaling.job import console
 
-    console.refuse_arguments(argv)
+    command_line.refuse_arguments(argv)
     console.configure_command_line_logging()  # Our lines; other libraries' (orbax's) only as warnings.
     options = flags.FLAGS
     overrides = {}
@@ -58,6 +54,13 @@ def main(argv: list[str]) -> None:
             raise SystemExit(f"error: --override takes FIELD=VALUE (e.g. data.data_dir=/mnt/tfds), got "
                              f"{item!r}.")
         overrides[field] = value
+    native_noise.import_jax_quietly()  # Before the imports below load JAX.
+    import jax
+
+    from resnet_scaling import data as data_lib
+    from resnet_scaling.inference.evaluation import evaluate_workdir, format_result
+    from resnet_scaling.job import process_setup
+
     process_setup.start_process(keep_freed_memory=options.keep_freed_memory)  # As train.py does.
     try:
         with stopping.phase(f"evaluating the {options.weights} weights"):
@@ -73,7 +76,7 @@ def main(argv: list[str]) -> None:
 if __name__ == "__main__":
     from absl import app
 
-    from resnet_scaling.metrics import console
+    from resnet_scaling.config import command_line
 
     _define_flags()
-    app.run(main, flags_parser=console.parse_flags)
+    app.run(main, flags_parser=command_line.parse_flags)

@@ -42,10 +42,10 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from resnet_scaling import config as config_lib
+from resnet_scaling.config import command_line, recipes
 from resnet_scaling.config import plan as plan_lib
-from resnet_scaling.config import recipes
-from resnet_scaling.job import errors, process_setup, workdir
-from resnet_scaling.metrics import console, format_duration
+from resnet_scaling.job import console, errors, process_setup, workdir
+from resnet_scaling.metrics import format_duration
 from resnet_scaling.planning import estimates as planning
 from resnet_scaling.planning import shipped_reports, step_model
 
@@ -349,7 +349,7 @@ def main(argv: list[str]) -> None:
     not_systems: list[str] = []
     what_if = None
     if _CONFIG.value is not None:  # A what-if: one config with train's overrides, read here at the edge.
-        config = console.read_config_flag(_CONFIG)
+        config = command_line.read_config_flag(_CONFIG)
         flag = config_lib.flag_values(sys.argv, "config")
         what_if = os.path.splitext(os.path.basename(flag[-1][2] if flag else "config"))[0], config
     if _ALL_CONFIGS.value or not inputs:  # Every shipped system, from the shipped reports (beside a what-if).
@@ -417,4 +417,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=console.parse_config_flags)
+    app.run(main, flags_parser=command_line.parse_config_flags)

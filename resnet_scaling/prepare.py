@@ -16,11 +16,6 @@ killed run (SIGKILL, power loss) leaves its incomplete.* folder, never reused: t
 
 from __future__ import annotations
 
-from resnet_scaling.job import native_noise
-
-if __name__ == "__main__":  # Before the imports below load JAX.
-    native_noise.import_jax_quietly()
-
 import logging
 import os
 import re
@@ -31,8 +26,9 @@ import time
 from absl import app, flags
 from etils import epath
 
+from resnet_scaling.config import command_line
+from resnet_scaling.job import console
 from resnet_scaling.job.errors import RunError
-from resnet_scaling.metrics import console
 
 # Named, not __name__: run with -m this module is "__main__", outside the logger console.py shows at INFO.
 logger = logging.getLogger("resnet_scaling.prepare")
@@ -250,7 +246,7 @@ def _duration(seconds: float) -> str:
 
 
 def main(argv: list[str]) -> None:
-    console.refuse_arguments(argv)
+    command_line.refuse_arguments(argv)
     console.configure_command_line_logging()  # Our lines at INFO, TFDS's at WARNING (--verbosity=0: all).
     # `--data_dir=~/x` reaches us unexpanded: shells expand a ~ after `=` only in variable assignments.
     data_dir = os.path.expanduser(_DATA_DIR.value) if _DATA_DIR.value else default_data_dir()
@@ -271,4 +267,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=console.parse_flags)
+    app.run(main, flags_parser=command_line.parse_flags)

@@ -4,32 +4,35 @@
 `--config.training.global_batch_size=256`. The console shows our progress, other libraries' warnings
 (`--verbosity=0`: their INFO too) and a headline; the config goes to WORKDIR/config.json (`--print_config`
 prints it and exits). Multi-process jobs (TPU pod slices, SLURM, launch/local.py) join up first.
+
+JAX and the training code load once the command line is read: `--help`, `--print_config` and a usage
+mistake answer in a fraction of a second, not the seconds those imports take.
 """
 
 from __future__ import annotations
 
-from resnet_scaling.job import native_noise, stopping
+from resnet_scaling.job import stopping
 
-if __name__ == "__main__":  # First: a Ctrl-C or SIGTERM during the imports below (seconds) ends in one line.
+if __name__ == "__main__":  # First: a Ctrl-C or SIGTERM during the imports (seconds) ends in one line.
     stopping.StopSignals.install(doing="starting")
-    native_noise.import_jax_quietly()  # Before the imports below load JAX.
 
 import functools
 import logging
 import os
+from typing import TYPE_CHECKING
 
-import jax
 import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-from resnet_scaling import checkpointing
 from resnet_scaling import config as config_lib
+from resnet_scaling.config import command_line
 from resnet_scaling.config import text as config_text
-from resnet_scaling.job import distributed, errors, process_setup, xla_flags
+from resnet_scaling.job import console, errors, native_noise, xla_flags
 from resnet_scaling.job import workdir as workdir_lib
-from resnet_scaling.metrics import console
-from resnet_scaling.training import trainer
+
+if TYPE_CHECKING:
+    from resnet_scaling.job import distributed
 
 logger = logging.getLogger("resnet_scaling.train")  # Not __name__: "__main__" under `python -m`.
 
@@ -44,8 +47,8 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of pr
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes).")
 _INIT_TIMEOUT = flags.DEFINE_integer(
-    "initialization_timeout_sec", distributed.DEFAULT_INITIALIZATION_TIMEOUT_SEC,
-    "Fail if the job's processes have not all connected by then.")
+    "initialization_timeout_sec", None,
+    "Fail if the job's processes have not all connected by then (default: 300).")
 _PEER_TIMEOUT = flags.DEFINE_float(
     "peer_timeout_sec", None, "Multi-process jobs: stop, naming the lost process, when another process has "
     "shown no sign of life for this long (default: $RESNET_SCALING_PEER_TIMEOUT_SEC or 60; 0 turns it off).")
@@ -61,9 +64,10 @@ _PRINT_CONFIG = flags.DEFINE_bool(
 
 
 def main(argv: list[str]) -> None:
-    console.refuse_arguments(argv)
+    command_line.refuse_arguments(argv)
     if _PRINT_CONFIG.value:  # Before anything starts: no backend, no job, no workdir.
-        print(config_text.format_config(console.read_config_flag(_CONFIG, log=False)), end="", flush=True)
+        config = command_line.read_config_flag(_CONFIG, log=False)
+        print(config_text.format_config(config), end="", flush=True)
         return
     if not _WORKDIR.value:
         raise SystemExit("error: --workdir is required: the directory for the run's checkpoints, metrics and "
@@ -71,8 +75,12 @@ def main(argv: list[str]) -> None:
     new_workdir = not workdir_lib.as_path(_WORKDIR.value).exists()
     log_file = console.configure_command_line_logging(_WORKDIR.value)
     with stopping.phase("starting JAX (and joining the job)"):
+        native_noise.import_jax_quietly()  # Before the imports below load JAX.
+        from resnet_scaling.job import distributed
+        from resnet_scaling.training import trainer
+
         job = _start_process()
-    config = console.read_config_flag(_CONFIG)
+    config = command_line.read_config_flag(_CONFIG)
     if cache_dir := compilation_cache_dir(config, _WORKDIR.value):
         enable_compilation_cache(cache_dir)  # The trainer's "Compiled" line names it, once the run starts.
     try:
@@ -97,10 +105,15 @@ def main(argv: list[str]) -> None:
 
 def _start_process() -> distributed.DistributedSettings | None:
     """The platform, XLA's flags and the job (`process_setup.start_process`), from the flags."""
+    from resnet_scaling import checkpointing
+    from resnet_scaling.job import distributed, process_setup
+
+    timeout_sec = _INIT_TIMEOUT.value  # None: the default, which --help states.
     return process_setup.start_process(
         throughput_flags=_THROUGHPUT_FLAGS.value, keep_freed_memory=_KEEP_FREED_MEMORY.value,
         coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
-        process_id=_PROCESS_ID.value, initialization_timeout_sec=_INIT_TIMEOUT.value,
+        process_id=_PROCESS_ID.value, initialization_timeout_sec=(
+            distributed.DEFAULT_INITIALIZATION_TIMEOUT_SEC if timeout_sec is None else timeout_sec),
         peer_timeout_sec=_PEER_TIMEOUT.value,
         complete_checkpoints=functools.partial(checkpointing.complete_steps, _WORKDIR.value))
 
@@ -112,6 +125,8 @@ def refuse_a_config_for_more_devices(config: ml_collections.ConfigDict) -> None:
     Raises:
       ConfigError: `config.mesh.num_devices` exceeds the job's devices.
     """
+    import jax
+
     devices = jax.devices()
     if config.mesh.num_devices > len(devices):
         value = config_lib.config_flag_value(config_flags.get_config_filename(flags.FLAGS["config"]))
@@ -128,6 +143,8 @@ def compilation_cache_dir(config: ml_collections.ConfigDict, workdir: str) -> st
 
 def enable_compilation_cache(cache_dir: str) -> None:
     """Turns on JAX's persistent compilation cache in `cache_dir` (before the first compilation)."""
+    import jax
+
     jax.config.update("jax_compilation_cache_dir", cache_dir)
     if xla_flags.detect_backend() != "gpu":
         # JAX points XLA's (GPU-only) autotuning cache into the cache dir, and that path enters every
@@ -136,4 +153,4 @@ def enable_compilation_cache(cache_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=console.parse_config_flags)
+    app.run(main, flags_parser=command_line.parse_config_flags)

@@ -508,8 +508,7 @@ def best_weights(workdir: str) -> epath.Path | None:
     return None if step is None else workdir_lib.as_path(workdir) / "checkpoints" / str(step)
 
 
-# What a workdir holds: the final parameters, the best evaluation's.
-WEIGHTS = ("export", "best")
+WEIGHTS = workdir_lib.WEIGHTS
 
 
 def write_class_names(directory: str | os.PathLike[str], class_names: Sequence[str] | None) -> None:

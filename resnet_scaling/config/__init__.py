@@ -8,6 +8,7 @@ from a config before anything runs.
 | `recipes.py` | the published recipes, applied to the final global batch (`resolve`) |
 | `plan.py` | `derive`: every size and duration of a run, in steps; `LoopSchedule`: when the loop acts |
 | `text.py` | a config printed as a config file, each field with its comment (`--print_config`) |
+| `command_line.py` | a command's flags and `--config` read before JAX loads; a mistake in one line |
 | `evaluation.py` | a saved run's config made ready for an evaluation-only run (`evaluate_workdir`) |
 
 Config files under `configs/` start from `get_base_config()` and change only what differs. `setup`

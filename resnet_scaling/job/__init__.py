@@ -12,5 +12,6 @@ imports nothing else of the package.
 | `xla_flags.py` | XLA, libtpu and NCCL flags for throughput per backend; no TPU probe without a TPU |
 | `memory.py` | CPU steps: glibc keeps what a step frees for the next, instead of faulting it in again |
 | `tf_import.py` | TensorFlow, imported late and quietly (no Keras), where tf.data or `gs://` needs it |
+| `console.py` | the console: our lines, other libraries' warnings, a bounded exit after an error |
 | `native_noise.py` | native libraries' loading lines kept off the console (oneDNN; CUDA without a GPU) |
 """

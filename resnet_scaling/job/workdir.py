@@ -33,6 +33,8 @@ from resnet_scaling.job.errors import MissingExtraError, RunError
 logger = logging.getLogger(__name__)
 
 LOCK_FILENAME = "run.lock"
+# The parameters a finished run's workdir holds (checkpointing/): its final ones, its best evaluation's.
+WEIGHTS = ("export", "best")
 HEARTBEAT_SEC = 30.0
 STALE_AFTER_SEC = 120.0
 # A lock file younger than this that cannot be read may be another run's, between its create and its write.

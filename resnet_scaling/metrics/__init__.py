@@ -9,12 +9,11 @@
 | `accuracy.py` | time-to-accuracy (the case study's timed region and MLPerf's clock), epochs-to-accuracy |
 | `utilisation.py` | achieved TFLOP/s per device, MFU against the peak rates of hardware.py |
 | `writers.py` | JSON lines, TensorBoard event files, console durations |
-| `summary.py` | `summary.json`: the headline figures of a run and its config |
+| `summary.py` | `summary.json`: the headline figures of a run and its config; the closing headline |
 | `mlperf_log.py` | WORKDIR/mlperf_log.txt through mllog, MLPerf's clock, its blocks, epochs and evaluations |
 | `run_report.py` | a launch's accounts for the loop: clock, records, goodput, writers, MLPerf log, summary |
 | `compiled.py` | FLOPs and memory per device of a compiled step, from XLA's cost and memory analysis |
 | `hardware.py` | one table of peak FLOP/s, HBM and link bandwidths per device kind; the host's CPU |
-| `console.py` | reading `--config`, the console's lines, the headline, a bounded exit after an error |
 | `profiling.py` | a `jax.profiler` trace of a window of steps, for TensorBoard's Profile tab |
 """
 

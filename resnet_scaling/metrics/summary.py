@@ -1,4 +1,5 @@
-"""`summary.json`: the headline figures of a run and its config, written at the end of every run.
+"""`summary.json`: the headline figures of a run and its config, written at the end of every run; the
+headline, the lines on the console that end a run (`headline`).
 
 Keys and types: `SUMMARY_SCHEMA`, plus `schema_version` and `config` (`config.to_dict()`). Figures are
 plain numbers, null where unknown (no timed region, target not reached, no published peak). Meanings:
@@ -25,6 +26,7 @@ from typing import Any
 from etils import epath
 
 from resnet_scaling.job import workdir as workdir_lib
+from resnet_scaling.metrics.writers import format_duration
 
 SUMMARY_SCHEMA_VERSION = 3  # 2: the goodput section; 3: the mlperf section.
 SUMMARY_FILENAME = "summary.json"
@@ -128,3 +130,53 @@ def read_summary(path: str) -> dict[str, Any]:
     if path.is_dir():
         path = path / SUMMARY_FILENAME
     return json.loads(path.read_text())
+
+
+def headline(summary: Mapping[str, Any], paths: Mapping[str, str]) -> list[str]:
+    """The few lines that end a run: accuracy, throughput, time to the target, and where things are.
+
+    Args:
+      summary: the run's summary (`metrics.summary` schema).
+      paths: name -> path of what the run wrote (summary, TensorBoard, checkpoints, export).
+    """
+    run, accuracy, throughput, time = (summary[k] for k in ("run", "accuracy", "throughput", "time"))
+    status = " (preempted: run the same command to resume)" if run["preempted"] else ""
+    images_per_sec = throughput["images_per_sec"]
+    if images_per_sec:
+        speed = (f"{images_per_sec:,.0f} images/sec in the steady state "
+                 f"({throughput['images_per_sec_per_device']:,.0f} per device)")
+    else:
+        speed = "not measured (the run ended before its timed steps: training.timing_warmup_*)"
+    target = f"time to {_percent(accuracy['target_top1'])} top-1: "
+    if accuracy["reached"]:
+        target += (f"{_duration(accuracy['time_to_accuracy_sec'])} timed, "
+                   f"{_duration(accuracy['mlperf_time_to_accuracy_sec'])} wall, at epoch "
+                   f"{accuracy['epochs_to_accuracy']:.2f}")
+    else:
+        target += "not reached"
+    lines = [
+        f"Done: step {run['final_step']} of {run['total_steps']}{status}; compile "
+        f"{_duration(time['compile_sec'])}, training loop {_duration(time['wall_sec'])}.",
+        f"  top-1: final {_percent(accuracy['final_eval_top1'])}, "
+        f"best {_percent(accuracy['best_eval_top1'])}",
+        f"  throughput: {speed}",
+        f"  {target}",
+    ]
+    goodput = summary.get("goodput") or {}
+    if goodput.get("goodput") is not None:
+        causes = {k[:-len("_sec")].replace("_", " "): v for k, v in goodput.items()
+                  if k.endswith("_sec") and k not in ("total_wall_sec", "productive_sec") and v}
+        largest = sorted(causes.items(), key=lambda kv: -kv[1])[:3]
+        lines.append(f"  goodput: {_percent(goodput['goodput'])} of {_duration(goodput['total_wall_sec'])} "
+                     f"over {goodput['launches']} launch(es); badput: "
+                     + ", ".join(f"{name} {_duration(sec)}" for name, sec in largest))
+    lines += [f"  {name}: {path}" for name, path in paths.items()]
+    return lines
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.2f}%"
+
+
+def _duration(seconds: float | None) -> str:
+    return "n/a" if seconds is None else format_duration(seconds)

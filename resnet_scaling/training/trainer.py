@@ -31,12 +31,12 @@ from resnet_scaling import metrics as metrics_lib
 from resnet_scaling.checkpointing import divergence, preemption
 from resnet_scaling.config import plan as plan_lib
 from resnet_scaling.config import recipes
-from resnet_scaling.job import stopping
+from resnet_scaling.job import console, stopping
 from resnet_scaling.job import workdir as workdir_lib
 from resnet_scaling.job.errors import RunError
 from resnet_scaling.metrics import compiled as compiled_lib
-from resnet_scaling.metrics import console, profiling, run_report
-from resnet_scaling.metrics.summary import SUMMARY_FILENAME
+from resnet_scaling.metrics import profiling, run_report
+from resnet_scaling.metrics import summary as summary_lib
 from resnet_scaling.training import sections as sections_lib
 from resnet_scaling.training import steps, training_setup
 
@@ -92,7 +92,7 @@ class TrainResult:
 
     def __str__(self) -> str:
         try:
-            lines = console.headline(self.summary, self.files)
+            lines = summary_lib.headline(self.summary, self.files)
         except (KeyError, TypeError):  # No summary (a result made by hand): the one-line form.
             lines = [repr(self)]
         records = (f"  records: {len(self.train_history)} training (.train_history), "
@@ -465,7 +465,7 @@ def _already_finished(workdir: str, run: training_setup.TrainingSetup, state: st
             f"The newest checkpoint in {checkpointer.directory} is at step {step}, past this run's {total} "
             f"steps (training.num_train_steps, num_examples or num_epochs): ask for at least {step} steps to "
             "go on from it, or use another --workdir.")
-    summary_path = workdir_lib.as_path(workdir) / SUMMARY_FILENAME
+    summary_path = workdir_lib.as_path(workdir) / summary_lib.SUMMARY_FILENAME
     summary = workdir_lib.read_json(summary_path, "the run writes it again.")
     usable = isinstance(summary, dict) and (summary.get("run") or {}).get("final_step") == total
     if jax.process_count() > 1:  # Every process takes the same way out: process 0's.
@@ -531,7 +531,7 @@ def _abstract(state: steps.TrainState) -> Any:
 
 def _log_headline(summary: dict[str, Any], paths: dict[str, str]) -> None:
     """Process 0's closing headline, naming where everything is."""
-    for line in console.headline(summary, paths):
+    for line in summary_lib.headline(summary, paths):
         logger.info("%s", line)
 
 

@@ -15,8 +15,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from resnet_scaling import config as config_lib
+from resnet_scaling.config import command_line
 from resnet_scaling.job import workdir as workdir_lib
-from resnet_scaling.metrics import console
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -43,6 +43,38 @@ def test_help_exits_zero_without_warnings(command, tmp_path):
     cited = set(re.findall(r"[\w/*.-]+\.py\b", proc.stdout))
     assert cited and all(any((root / name).exists() or list(root.glob(name)) for root in (REPO,
                          REPO / "resnet_scaling")) for name in cited if not name.startswith("/")), cited
+
+
+# Runs a command as `python -m` does, then says which of the heavy libraries it imported.
+_IMPORTS_OF_A_COMMAND = """
+import runpy, sys
+module, sys.argv = sys.argv[1], [sys.argv[1], *sys.argv[2:]]
+try:
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+except SystemExit as e:
+    print("exit:", 0 if e.code is None else e.code if isinstance(e.code, int) else 1)
+print("imported:", sorted(name for name in ("jax", "tensorflow", "orbax", "flax") if name in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("command, args, status", [
+    ("train", ["--help"], 0),
+    ("train", ["--config=demo", "--print_config"], 0),
+    ("train", ["--config=demo", "/tmp/run"], 1),  # A word where a flag belongs.
+    ("train", ["--config=pods", "--workdir=/tmp/run"], 1),  # No such config.
+    ("train", ["--config=demo", "--config.training.global_batchsize=8", "--workdir=/tmp/run"], 1),
+    ("train", ["--config=demo"], 1),  # No --workdir.
+    ("evaluate", ["--help"], 0),
+    ("evaluate", ["--workdir=/tmp/run", "--weights=bset"], 1),
+    ("compile", ["--topology=v2:2x2"], 1),  # No --config.
+    ("prepare", ["--help"], 0),
+])
+def test_help_and_usage_mistakes_answer_before_jax_is_imported(command, args, status, tmp_path):
+    """`--help`, `--print_config` and a mistake on the command line need none of JAX's seconds of imports
+    (nor TensorFlow's, orbax's, Flax's): each command reads its line first."""
+    proc = _run(["-c", _IMPORTS_OF_A_COMMAND, f"resnet_scaling.{command}", *args], tmp_path)
+    assert f"exit: {status}" in proc.stdout.splitlines(), proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "imported: []" in proc.stdout.splitlines(), proc.stdout[-2000:]
 
 
 def test_print_config_prints_the_overridden_config_and_exits_without_a_workdir(tmp_path):
@@ -145,9 +177,9 @@ def test_a_malformed_command_line_is_one_error_line_saying_what_to_type(tmp_path
 # Python shows DeprecationWarnings only to __main__'s code, so a user never sees it).
 @pytest.mark.filterwarnings("ignore:the load_module\\(\\) method is deprecated:DeprecationWarning")
 def test_the_config_flags_parser_says_what_to_type_in_one_line(args, message):
-    """The commands' parser (`console.parse_config_flags`, what `app.run` is given) on flags defined as the
-    train command defines them: the exit's message, which Python prints as the process's one stderr line
-    (the test above runs the command)."""
+    """The commands' parser (`command_line.parse_config_flags`, what `app.run` is given) on flags defined as
+    the train command defines them: the exit's message, which Python prints as the process's one stderr
+    line (the test above runs the command)."""
     argv = ["train", *(args if args[0].startswith("--config=") else ["--config=demo", *args]),
             "--workdir=/tmp/run"]
     flag_values = flags.FlagValues()
@@ -156,7 +188,7 @@ def test_the_config_flags_parser_says_what_to_type_in_one_line(args, message):
                                     sys_argv=argv)
     flags.DEFINE_string("workdir", None, "", flag_values=flag_values)
     with pytest.raises(SystemExit) as exited:
-        console.parse_config_flags(argv, flag_values)
+        command_line.parse_config_flags(argv, flag_values)
     assert isinstance(exited.value.code, str) and "\n" not in exited.value.code, exited.value.code
     assert exited.value.code.startswith(message), exited.value.code
 

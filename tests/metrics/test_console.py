@@ -246,7 +246,7 @@ def test_show_progress_prints_the_time_past_a_bare_basic_config_and_gives_way_to
     import io
     import logging
 
-    from resnet_scaling.metrics import console
+    from resnet_scaling.job import console
 
     root, ours = logging.root, logging.getLogger("resnet_scaling")
     root_handlers, our_handlers, our_level, our_propagate = (
@@ -278,7 +278,7 @@ def test_the_console_shows_the_time_and_the_message_and_names_other_libraries_wa
     pointer to the log file (ours stays whole: it is the error the user reads)."""
     import logging
 
-    from resnet_scaling.metrics.console import ConsoleFormatter
+    from resnet_scaling.job.console import ConsoleFormatter
 
     def record(name, level, message, exc_info=None):
         made = logging.LogRecord(name, level, "trainer.py", 439, message, (), exc_info)

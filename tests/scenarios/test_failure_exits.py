@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from resnet_scaling.metrics import console
+from resnet_scaling.job import console
 from tests.helpers import launch_xla_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
