@@ -106,15 +106,18 @@ def dataset_cache(tmp_path_factory) -> pathlib.Path:
 
 @pytest.mark.slow
 def test_a_stop_before_training_ends_at_once_in_one_line(tmp_path, dataset_cache):
-    """Imports (SIGTERM), writing the generated dataset (SIGINT), compiling (SIGTERM), setting up the input
-    (SIGINT): each ends within the bound with its one line and status 0, leaves no lock and no half-written
-    dataset, and the next launch starts as if nothing had happened."""
+    """Starting JAX (SIGTERM), writing the generated dataset (SIGINT), compiling (SIGTERM), setting up the
+    input (SIGINT): each ends within the bound with its one line and status 0, leaves no lock and no
+    half-written dataset, and the next launch starts as if nothing had happened."""
     workdir = tmp_path / "run"
-    # The imports: a fraction of a second after the launch, long before JAX is loaded (a second or more).
-    imports = Launch(_train_command(workdir, dataset_cache), tmp_path / "imports.log")
-    elapsed = imports.signal_when(lambda: time.sleep(0.3) or True, "the launch", signal.SIGTERM)
-    assert imports.proc.returncode == 0 and elapsed < STOP_BOUND_SEC, (elapsed, imports.text()[-3000:])
-    assert "nothing was written" in _assert_one_stop_line(imports.text(), signal.SIGTERM, "starting")
+    # JAX's imports (seconds), once the command line is read (a fraction of a second): the first phase.
+    starting = Launch(_train_command(workdir, dataset_cache), tmp_path / "imports.log")
+    phase = "starting JAX (and joining the job)"
+    elapsed = starting.signal_when(_phase_started(starting, phase), "JAX's imports", signal.SIGTERM)
+    text = starting.text()
+    assert starting.proc.returncode == 0 and elapsed < STOP_BOUND_SEC, (elapsed, text[-3000:])
+    assert "nothing was written" in _assert_one_stop_line(text, signal.SIGTERM, phase)
+    assert "Devices:" not in text and not (workdir / "run.lock").exists(), text[-3000:]  # Stopped there.
 
     # The generated dataset, while its files are being written (their staging folder exists).
     writing = Launch(_train_command(workdir, dataset_cache), tmp_path / "dataset.log")
