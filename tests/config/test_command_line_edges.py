@@ -37,6 +37,11 @@ def test_help_exits_zero_without_warnings(command, tmp_path):
     proc = _run(["-m", f"resnet_scaling.{command}", "--help"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--workdir" in proc.stdout
+    if command == "train":  # A default the flag states in words, as the job's code keeps it.
+        from resnet_scaling.job import distributed
+
+        assert (f"connected by then (default: {distributed.DEFAULT_INITIALIZATION_TIMEOUT_SEC})"
+                in " ".join(proc.stdout.split())), proc.stdout
     # runpy warns when the package has already imported the module `-m` is about to run.
     assert "RuntimeWarning" not in proc.stderr and "sys.modules" not in proc.stderr, proc.stderr
     # The files it cites exist: in the package (job/memory.py) or the checkout (configs/*.py).
