@@ -44,7 +44,7 @@ from typing import Any
 
 from resnet_scaling.config import IMAGENET_NUM_TRAIN_EXAMPLES
 from resnet_scaling.config.recipes import CASE_STUDY_TIMED_EPOCHS
-from resnet_scaling.metrics import hardware
+from resnet_scaling.job import hardware
 from resnet_scaling.planning import estimates as planning
 from resnet_scaling.planning import step_model
 

@@ -1,4 +1,5 @@
-"""How soon a command answers `--help` or a mistake on its command line, against `import jax` alone.
+"""How soon a command answers `--help` or a mistake on its command line, and the planner its table, against
+`import jax` alone.
 
   python benchmarks/command_line.py [--repeats=5] [--baseline_checkout=PATH] [--json_out=PATH]
 
@@ -53,6 +54,8 @@ VARIANTS = {
     "evaluate --help": ["resnet_scaling.evaluate", "--help"],
     "compile --topology=v2:2x2 (no --config)": ["resnet_scaling.compile", "--topology=v2:2x2"],
     "prepare --help": ["resnet_scaling.prepare", "--help"],
+    "planner --price=pod (no price in it)": ["resnet_scaling.planner", "--price=pod"],
+    "planner (every shipped system's row)": ["resnet_scaling.planner"],
 }
 
 

@@ -188,7 +188,7 @@ def stage_environment(args: argparse.Namespace, stage: StageFile) -> None:
     import jax.numpy as jnp
     import jaxlib
 
-    from resnet_scaling.metrics import hardware
+    from resnet_scaling.job import hardware
 
     device = jax.devices()[0]
     try:

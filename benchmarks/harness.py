@@ -21,8 +21,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from resnet_scaling.job import workdir
-from resnet_scaling.metrics import hardware
+from resnet_scaling.job import hardware, workdir
 
 T = TypeVar("T")
 

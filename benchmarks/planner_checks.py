@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from resnet_scaling.config import IMAGENET_NUM_EVAL_EXAMPLES, IMAGENET_NUM_TRAIN_EXAMPLES, plan
-from resnet_scaling.metrics import hardware
+from resnet_scaling.job import hardware
 from resnet_scaling.planning import estimates as planning
 from resnet_scaling.planning import shipped_reports, step_model
 

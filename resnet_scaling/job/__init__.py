@@ -12,6 +12,7 @@ imports nothing else of the package.
 | `xla_flags.py` | XLA, libtpu and NCCL flags for throughput per backend; no TPU probe without a TPU |
 | `memory.py` | CPU steps: glibc keeps what a step frees for the next, instead of faulting it in again |
 | `tf_import.py` | TensorFlow, imported late and quietly (no Keras), where tf.data or `gs://` needs it |
+| `hardware.py` | one table of peak FLOP/s, HBM and link bandwidths per device kind; the host's CPU |
 | `console.py` | the console: our lines, other libraries' warnings, a bounded exit after an error |
 | `native_noise.py` | native libraries' loading lines kept off the console (oneDNN; CUDA without a GPU) |
 """

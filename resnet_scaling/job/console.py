@@ -142,3 +142,13 @@ def _is_bare_default(handler: logging.Handler) -> bool:
     formatter = handler.formatter
     return (type(handler) is logging.StreamHandler and formatter is not None
             and formatter._fmt == logging.BASIC_FORMAT)
+
+
+def format_duration(seconds: float) -> str:
+    """A compact human duration: 42s, 3m07s, 2h05m."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

@@ -18,13 +18,14 @@ from typing import Any, TypeVar
 import jax
 
 from resnet_scaling.config import plan as plan_lib
+from resnet_scaling.job.console import format_duration
 from resnet_scaling.metrics import mlperf_log
 from resnet_scaling.metrics.device import MetricsBuffer
 from resnet_scaling.metrics.goodput import GoodputRecorder
 from resnet_scaling.metrics.run_clock import RunClock
 from resnet_scaling.metrics.summary import build_summary, write_summary
 from resnet_scaling.metrics.utilisation import utilisation
-from resnet_scaling.metrics.writers import MetricWriters, format_duration
+from resnet_scaling.metrics.writers import MetricWriters
 
 logger = logging.getLogger(__name__)
 

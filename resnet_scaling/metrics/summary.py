@@ -26,7 +26,7 @@ from typing import Any
 from etils import epath
 
 from resnet_scaling.job import workdir as workdir_lib
-from resnet_scaling.metrics.writers import format_duration
+from resnet_scaling.job.console import format_duration
 
 SUMMARY_SCHEMA_VERSION = 3  # 2: the goodput section; 3: the mlperf section.
 SUMMARY_FILENAME = "summary.json"

@@ -7,7 +7,7 @@ compiled step (forward, backward, optimizer), not an analytic model count: remat
 
 from __future__ import annotations
 
-from resnet_scaling.metrics.hardware import peak_tflops_per_device
+from resnet_scaling.job.hardware import peak_tflops_per_device
 
 
 def utilisation(flops_per_step_per_device: float | None, sec_per_step: float | None, num_devices: int,

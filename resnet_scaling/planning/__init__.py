@@ -13,9 +13,8 @@ training path imports nothing from here (`python -m resnet_scaling.compile` and 
 
 Data: `compiled_reports/` (the shipped reports), `gpu_targets/` (XLA's GPU descriptions),
 `step_calibration.json` (the step model's fits), `prices.json` (dated accelerator prices).
+
+Only `aot.py` imports JAX (quietly, itself): the planner's model, its shipped reports and figures are plain
+Python, so `python -m resnet_scaling.planner` starts without JAX unless a config has to be compiled.
 """
-
-from resnet_scaling.job import native_noise as _native_noise
-
-_native_noise.import_jax_quietly()  # Before anything here imports JAX (job/native_noise.py).
 

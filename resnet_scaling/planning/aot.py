@@ -11,6 +11,10 @@ speed and communication are known before a pod or a GPU node is rented. The func
 
 from __future__ import annotations
 
+from resnet_scaling.job import native_noise
+
+native_noise.import_jax_quietly()  # Before the imports below load JAX (job/native_noise.py).
+
 import dataclasses
 import logging
 import math
@@ -21,10 +25,10 @@ from typing import Any
 import jax
 
 from resnet_scaling import data as data_lib
+from resnet_scaling.job import hardware
 from resnet_scaling.job import mesh as mesh_lib
 from resnet_scaling.job.errors import MissingExtraError, RunError
 from resnet_scaling.metrics import compiled as compiled_lib
-from resnet_scaling.metrics import hardware
 from resnet_scaling.planning import gpu_targets, hlo
 from resnet_scaling.training import training_setup
 

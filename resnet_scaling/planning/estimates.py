@@ -35,8 +35,8 @@ from typing import Any
 from resnet_scaling.config import IMAGENET_NUM_TRAIN_EXAMPLES, recipes
 from resnet_scaling.config import plan as plan_lib
 from resnet_scaling.config.fields import TRAINING_LENGTH
+from resnet_scaling.job import hardware
 from resnet_scaling.job.errors import RunError
-from resnet_scaling.metrics import hardware
 from resnet_scaling.planning import convergence, step_model
 
 PRICES_PATH = pathlib.Path(__file__).with_name("prices.json")

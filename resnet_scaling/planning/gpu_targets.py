@@ -11,11 +11,13 @@ cuBLAS's and Triton's tiles are XLA's defaults (docs/compiling_for_gpus.md).
 from __future__ import annotations
 
 import pathlib
-
-import jax
+from typing import TYPE_CHECKING
 
 from resnet_scaling.job import native_noise
 from resnet_scaling.job.errors import MissingExtraError, RunError
+
+if TYPE_CHECKING:
+    import jax
 
 TARGETS_DIR = pathlib.Path(__file__).with_name("gpu_targets")
 
@@ -102,6 +104,7 @@ def gpu_devices(device_kind: str, num_devices: int) -> list[jax.Device]:
             f"ahead-of-time compilation for a GPU needs JAX's CUDA 12 plugin and ptxas, which are not "
             f"installed: pip install 'resnet_scaling[{GPU_EXTRA}]' (from a checkout: pip install -e "
             f"'.[{GPU_EXTRA}]'); no GPU is needed.")
+    native_noise.import_jax_quietly()  # The planning package imports JAX only where it is needed.
     from jax.experimental import topologies
 
     # platform "cuda", not "gpu": the latter is not a plugin's name (jax issue 23971).

@@ -13,7 +13,7 @@ import pathlib
 from typing import Any
 
 from resnet_scaling import config as config_lib
-from resnet_scaling.metrics import hardware
+from resnet_scaling.job import hardware
 from resnet_scaling.planning import gpu_targets
 
 REPORTS_DIR = pathlib.Path(__file__).with_name("compiled_reports")

@@ -32,7 +32,7 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from resnet_scaling.metrics import hardware
+from resnet_scaling.job import hardware
 
 CALIBRATION_PATH = pathlib.Path(__file__).with_name("step_calibration.json")
 COMPILED, ROOFLINE = "compiled", "roofline"
@@ -96,7 +96,7 @@ class StepProgram:
     def spec(self) -> hardware.DeviceSpec:
         spec = hardware.device_spec(self.device_kind)
         if spec is None or not spec.generation:
-            raise ValueError(f"no published figures for {self.device_kind!r} (metrics/hardware.py)")
+            raise ValueError(f"no published figures for {self.device_kind!r} (job/hardware.py)")
         return spec
 
     @property

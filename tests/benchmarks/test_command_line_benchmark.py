@@ -18,7 +18,7 @@ def test_it_times_each_command_and_says_which_imported_jax(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]
     commands = [key for key in runs if not key.endswith(": import jax")]
-    assert len(commands) == 7 and all(key.startswith("this checkout: ") for key in runs), sorted(runs)
+    assert len(commands) == 9 and all(key.startswith("this checkout: ") for key in runs), sorted(runs)
     # The reference imports JAX; no command does before answering (each child's own sys.modules).
     assert runs["this checkout: import jax"][0]["jax_imported"] is True
     assert not any(runs[key][0]["jax_imported"] for key in commands), runs

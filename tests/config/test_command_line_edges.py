@@ -73,10 +73,13 @@ print("imported:", sorted(name for name in ("jax", "tensorflow", "orbax", "flax"
     ("evaluate", ["--workdir=/tmp/run", "--weights=bset"], 1),
     ("compile", ["--topology=v2:2x2"], 1),  # No --config.
     ("prepare", ["--help"], 0),
+    ("planner", ["--price=pod"], 1),
+    ("planner", [], 0),  # The table of every shipped system, from the shipped reports.
 ])
-def test_help_and_usage_mistakes_answer_before_jax_is_imported(command, args, status, tmp_path):
+def test_help_usage_mistakes_and_the_planners_table_need_no_jax(command, args, status, tmp_path):
     """`--help`, `--print_config` and a mistake on the command line need none of JAX's seconds of imports
-    (nor TensorFlow's, orbax's, Flax's): each command reads its line first."""
+    (nor TensorFlow's, orbax's, Flax's): each command reads its line first. Nor does the planner's table:
+    its model is plain Python over shipped figures (JAX loads only to compile a config)."""
     proc = _run(["-c", _IMPORTS_OF_A_COMMAND, f"resnet_scaling.{command}", *args], tmp_path)
     assert f"exit: {status}" in proc.stdout.splitlines(), proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "imported: []" in proc.stdout.splitlines(), proc.stdout[-2000:]

@@ -22,9 +22,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax.sharding import PartitionSpec  # noqa: E402
 
+from resnet_scaling.job import hardware
 from resnet_scaling.job import mesh as mesh_lib
 from resnet_scaling.job.mesh import DATA_AXIS, DCN_AXIS
-from resnet_scaling.metrics import hardware
 from resnet_scaling.planning import aot, hlo
 from resnet_scaling.training import training_setup
 from tests.helpers import tiny_config  # noqa: E402

@@ -143,7 +143,7 @@ def test_2d_generations_are_square_ish_and_beyond_their_largest_slice_go_multisl
                                            "num_bytes": 51e6}]}
     train, _ = step_model.scaled_programs("TPU v6 lite", 64, 0, 128, reference)
     assert train.torus == (8, 8)
-    # v6e: 400 GB/s of ICI a chip (metrics/hardware.py); 28 ring steps of 1 us.
+    # v6e: 400 GB/s of ICI a chip (job/hardware.py); 28 ring steps of 1 us.
     assert step_model.collective_sec(train) == pytest.approx(28 * 1e-6 + 2 * 63 / 64 * 51e6 / 400e9)
 
 

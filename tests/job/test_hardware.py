@@ -1,11 +1,11 @@
-"""The one table of accelerator figures (`metrics/hardware.py`): peaks for MFU, HBM for AOT reports."""
+"""The one table of accelerator figures (`job/hardware.py`): peaks for MFU, HBM for AOT reports."""
 
 import types
 
 import pytest
 
 from resnet_scaling import metrics
-from resnet_scaling.metrics import hardware
+from resnet_scaling.job import hardware
 
 GIB = 2**30
 
