@@ -106,14 +106,13 @@ def main(argv: list[str]) -> None:
 def _start_process() -> distributed.DistributedSettings | None:
     """The platform, XLA's flags and the job (`process_setup.start_process`), from the flags."""
     from resnet_scaling import checkpointing
-    from resnet_scaling.job import distributed, process_setup
+    from resnet_scaling.job import process_setup
 
-    timeout_sec = _INIT_TIMEOUT.value  # None: the default, which --help states.
     return process_setup.start_process(
         throughput_flags=_THROUGHPUT_FLAGS.value, keep_freed_memory=_KEEP_FREED_MEMORY.value,
         coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
-        process_id=_PROCESS_ID.value, initialization_timeout_sec=(
-            distributed.DEFAULT_INITIALIZATION_TIMEOUT_SEC if timeout_sec is None else timeout_sec),
+        process_id=_PROCESS_ID.value,
+        initialization_timeout_sec=_INIT_TIMEOUT.value,  # None: the default, which --help states.
         peer_timeout_sec=_PEER_TIMEOUT.value,
         complete_checkpoints=functools.partial(checkpointing.complete_steps, _WORKDIR.value))
 

@@ -99,8 +99,7 @@ def _config_suggestion(value: str) -> str:
     stem = os.path.splitext(os.path.basename(value.split(":", 1)[0]))[0]
     close = difflib.get_close_matches(stem, names, n=1)
     hint = f"; did you mean {close[0]}? " if close else ". "
-    return (f"{hint}Give a path to one (configs/*.py) or the name of a shipped config: "
-            f"{', '.join(names)}.")
+    return f"{hint}Give a path to one (configs/*.py) or the name of a shipped config: {_shipped_configs()}."
 
 
 def _shipped_configs() -> str:
