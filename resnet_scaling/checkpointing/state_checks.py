@@ -5,6 +5,12 @@ A fingerprint is one 32-bit number per array (its raw bits times odd position we
 Any flipped bit changes it, as does a block of overwritten bytes (except with probability ~2**-32), whatever
 the file format: it catches corruption the storage layer does not check (OCDBT's large chunks carry no
 checksum). It detects accidents, not tampering.
+
+The health checks reduce the small arrays' values concatenated into one vector rather than each array on its
+own: XLA compiles every reduction into a kernel of its own, and a ResNet's state holds hundreds of arrays,
+most of them small, so a run's first launch spent longer compiling these checks than its train step
+(benchmarks/README.md, `state_checks.py`). Fingerprints stay one reduction per array: they are one number
+per array.
 """
 
 from __future__ import annotations
@@ -55,17 +61,36 @@ def mismatched(expected: dict[str, int], actual: dict[str, int]) -> list[str]:
             + [path for path in actual if path not in expected])
 
 
-@functools.partial(jax.jit, static_argnames=())
+# Floating arrays of up to this many values are checked as one concatenated vector; larger ones on their own,
+# where a copy would cost more time than a kernel of their own costs compiling.
+_LARGEST_CONCATENATED = 2**18
+
+
+def _value_groups(tree: Any) -> list[jax.Array]:
+    """The tree's floating arrays (integers are always finite), flattened: each large one on its own, the
+    small ones concatenated into one vector of their common type."""
+    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+    groups = [jnp.ravel(x) for x in leaves if x.size > _LARGEST_CONCATENATED]
+    if small := [x for x in leaves if x.size <= _LARGEST_CONCATENATED]:
+        dtype = jnp.result_type(*small)
+        groups.append(jnp.concatenate([jnp.ravel(x).astype(dtype) for x in small]))
+    return groups
+
+
+def _finite(groups: list[jax.Array]) -> jax.Array:
+    return functools.reduce(jnp.logical_and, [jnp.all(jnp.isfinite(x)) for x in groups], jnp.bool_(True))
+
+
+@jax.jit
 def _health(params: Any, others: Any) -> tuple[jax.Array, jax.Array]:
-    finite = jax.tree.reduce(lambda ok, x: ok & jnp.all(jnp.isfinite(x)),
-                             [params, others], jnp.bool_(True))
-    norm = jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(params)))
-    return finite, norm
+    groups = _value_groups(params)
+    norm = jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in groups))
+    return _finite(groups) & _finite(_value_groups(others)), norm
 
 
 @jax.jit
 def _all_finite(tree: Any) -> jax.Array:
-    return jax.tree.reduce(lambda ok, x: ok & jnp.all(jnp.isfinite(x)), tree, jnp.bool_(True))
+    return _finite(_value_groups(tree))
 
 
 def all_finite(tree: Any) -> bool:
