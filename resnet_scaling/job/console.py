@@ -7,19 +7,23 @@ The library logs through `logging.getLogger("resnet_scaling.<module>")`; command
 
 Another library's traceback (orbax logs several per failed save, dozens of lines each) shows on the console
 as its one message line, the whole record going to WORKDIR/logs/, so that the library's own `error:` line
-is not buried and nothing is lost. A failed command ends within `EXIT_GRACE_SEC` of its `error:` line
+is not buried and nothing is lost; so do the tracebacks of a failed save's writes that outlived it (see
+`_log_unraisable`). A failed command ends within `EXIT_GRACE_SEC` of its `error:` line
 (`exit_after_error`), whatever threads another library left waiting. Reading the command line is
 config/command_line.py's; the headline that ends a run, metrics/summary.py's.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 LIBRARY_LOGGER = "resnet_scaling"
 # The name of the handler `show_progress` gives our logger.
@@ -46,8 +50,42 @@ def configure_command_line_logging(workdir: str | None = None) -> str | None:
         logging.getLogger(LIBRARY_LOGGER).setLevel(logging.INFO)
     log_file = _open_log_file(workdir)
     if not flags.FLAGS["verbosity"].present:  # --verbosity: absl's own prefixes, for debugging.
-        absl_logging.get_absl_handler().python_handler.setFormatter(ConsoleFormatter(log_file))
+        console_handler = absl_logging.get_absl_handler().python_handler
+        console_handler.setFormatter(ConsoleFormatter(log_file))
+        if log_file is not None:
+            console_handler.addFilter(_not_file_only)
+            sys.unraisablehook = functools.partial(_log_unraisable, sys.unraisablehook)
     return log_file
+
+
+# The exception of a callback that reaches an asyncio event loop its owner has closed.
+_CLOSED_LOOP_MESSAGE = "Event loop is closed"
+# A record with this attribute set goes to the log file, not the console.
+_FILE_ONLY = "resnet_scaling_file_only"
+
+
+def _not_file_only(record: logging.LogRecord) -> bool:
+    return not getattr(record, _FILE_ONLY, False)
+
+
+def _log_unraisable(previous_hook: Callable[[Any], None], unraisable: Any) -> None:
+    """`sys.unraisablehook` for a command with a log file: a callback that found its event loop closed goes
+    to the log file whole, not to the console; any other exception Python cannot raise goes to
+    `previous_hook` (the one before: Python's prints it).
+
+    When a checkpoint's write fails (a full disk), orbax closes that save's event loop while TensorStore's
+    other writes of the save are still running; each of those, finishing, calls back into the closed loop,
+    and Python prints the RuntimeError it raises: ~30 tracebacks, ~200 lines, above the run's `error:` line.
+    """
+    error = unraisable.exc_value
+    if not (isinstance(error, RuntimeError) and str(error) == _CLOSED_LOOP_MESSAGE):
+        previous_hook(unraisable)
+        return
+    where = "" if unraisable.object is None else f" in: {unraisable.object!r}"
+    logging.getLogger("asyncio").warning(
+        "Exception ignored%s (a callback after its event loop was closed: a write that outlived a failed "
+        "save)", where, exc_info=(unraisable.exc_type, error, unraisable.exc_traceback),
+        extra={_FILE_ONLY: True})
 
 
 def _open_log_file(workdir: str | None) -> str | None:

@@ -300,3 +300,54 @@ def test_the_console_shows_the_time_and_the_message_and_names_other_libraries_wa
         "18:31:42 error (orbax): save failed [traceback: /w/logs/h-1.log]"
     ours = formatter.format(record("resnet_scaling.train", logging.ERROR, "The run failed:", failure))
     assert ours.startswith("18:31:42 error: The run failed:\nTraceback") and ours.endswith("ValueError: boom")
+
+
+_LATE_CALLBACKS = """
+import asyncio, sys
+from absl import app
+from resnet_scaling.job import console
+
+def main(argv):
+    print(console.configure_command_line_logging(sys.argv[1]))
+    loop = asyncio.new_event_loop()
+    loop.close()
+
+    class LateWrite:  # As TensorStore's writes that finish after orbax closed their save's loop.
+        def __del__(self):
+            loop.call_soon_threadsafe(print)
+
+    class Broken:
+        def __del__(self):
+            raise ValueError("another kind")
+
+    LateWrite(), LateWrite(), Broken()
+
+app.run(main)
+"""
+
+
+def test_callbacks_into_a_closed_event_loop_go_to_the_log_file_and_other_ignored_exceptions_still_print(
+        tmp_path):
+    """A full disk made each of a failed save's later writes print a traceback ("Event loop is closed"),
+    ~200 lines above the run's error line. Python's own hook prints them (the run with --verbosity, which
+    keeps the console as Python and absl make it, shows they are real); the console's set-up sends them whole
+    to the log file, and leaves any other exception Python cannot raise to Python's hook."""
+    script = tmp_path / "late_callbacks.py"
+    script.write_text(_LATE_CALLBACKS)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def run(workdir, *flags):
+        return subprocess.run([sys.executable, str(script), str(workdir), *flags], env=env,
+                              capture_output=True, text=True, timeout=120, check=True)
+
+    python_s = run(tmp_path / "verbose", "--verbosity=0")
+    assert python_s.stderr.count("RuntimeError: Event loop is closed") == 2
+    ours = run(tmp_path / "run")
+    log_file = ours.stdout.strip()
+    assert pathlib.Path(log_file).parent == tmp_path / "run" / "logs"
+    assert "Event loop is closed" not in ours.stderr and "LateWrite" not in ours.stderr  # Not even a line.
+    assert "Exception ignored in: <function" in ours.stderr and "ValueError: another kind" in ours.stderr
+    logged = pathlib.Path(log_file).read_text()
+    assert logged.count("RuntimeError: Event loop is closed") == 2
+    assert logged.count("Exception ignored in: <function main.<locals>.LateWrite.__del__") == 2
+    assert "another kind" not in logged
