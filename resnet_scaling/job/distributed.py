@@ -494,13 +494,14 @@ class PeerWatchdog:
 
 def maybe_initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                      process_id: int | None = None,
-                     initialization_timeout_sec: int = DEFAULT_INITIALIZATION_TIMEOUT_SEC,
+                     initialization_timeout_sec: int | None = None,
                      env: Mapping[str, str] | None = None, peer_timeout_sec: float | None = None,
                      complete_checkpoints: Callable[[], list[int]] | None = None
                      ) -> DistributedSettings | None:
     """Joins the job with `jax.distributed.initialize()` if `detect` finds one (call it before any JAX
     computation), then starts the peer watch: `peer_timeout_sec` as `resolve_peer_timeout_sec` reads it (0:
     none, JAX's own 100 s heartbeat abort); its line names the newest of `complete_checkpoints()`.
+    `initialization_timeout_sec` None: `DEFAULT_INITIALIZATION_TIMEOUT_SEC`.
 
     Returns:
       The settings used, with the watchdog started, or None when the process runs alone.
@@ -513,6 +514,8 @@ def maybe_initialize(coordinator_address: str | None = None, num_processes: int 
     if settings is None:
         return None
     env = os.environ if env is None else env
+    if initialization_timeout_sec is None:
+        initialization_timeout_sec = DEFAULT_INITIALIZATION_TIMEOUT_SEC
     peer_timeout = resolve_peer_timeout_sec(peer_timeout_sec, env)
     timing = PeerTiming.for_timeout(peer_timeout)
     heartbeat = {"heartbeat_timeout_seconds": timing.jax_heartbeat_timeout_sec} if peer_timeout else {}

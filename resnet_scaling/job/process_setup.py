@@ -47,8 +47,8 @@ def start_process(*, throughput_flags: bool = True, keep_freed_memory: bool = Tr
                   complete_checkpoints: Callable[[], list[int]] | None = None
                   ) -> distributed.DistributedSettings | None:
     """Chooses the platform, adds the throughput flags, sets up the CPU's memory reuse and joins a
-    multi-process job (settings left None come from the environment or the cluster, `distributed.py`;
-    `initialization_timeout_sec` None: `distributed.DEFAULT_INITIALIZATION_TIMEOUT_SEC`).
+    multi-process job (settings left None come from the environment, the cluster or the defaults of
+    `distributed.maybe_initialize`).
 
     Returns:
       The job joined (for `distributed.leave`), or None when this process runs alone.
@@ -65,8 +65,6 @@ def start_process(*, throughput_flags: bool = True, keep_freed_memory: bool = Tr
         # Steps then run on this thread, whose heap keeps what a step frees for the next (job/memory.py).
         jax.config.update("jax_cpu_enable_async_dispatch", False)
         host_memory.keep_freed_memory()
-    if initialization_timeout_sec is None:
-        initialization_timeout_sec = distributed.DEFAULT_INITIALIZATION_TIMEOUT_SEC
     try:
         job = distributed.maybe_initialize(coordinator_address, num_processes, process_id,
                                            initialization_timeout_sec, peer_timeout_sec=peer_timeout_sec,
