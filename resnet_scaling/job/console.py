@@ -75,7 +75,7 @@ def _log_unraisable(previous_hook: Callable[[Any], None], unraisable: Any) -> No
 
     When a checkpoint's write fails (a full disk), orbax closes that save's event loop while TensorStore's
     other writes of the save are still running; each of those, finishing, calls back into the closed loop,
-    and Python prints the RuntimeError it raises: ~30 tracebacks, ~200 lines, above the run's `error:` line.
+    and Python prints the RuntimeError it raises: dozens of tracebacks above the run's `error:` line.
     """
     error = unraisable.exc_value
     if not (isinstance(error, RuntimeError) and str(error) == _CLOSED_LOOP_MESSAGE):

@@ -329,7 +329,7 @@ app.run(main)
 def test_callbacks_into_a_closed_event_loop_go_to_the_log_file_and_other_ignored_exceptions_still_print(
         tmp_path):
     """A full disk made each of a failed save's later writes print a traceback ("Event loop is closed"),
-    ~200 lines above the run's error line. Python's own hook prints them (the run with --verbosity, which
+    dozens above the run's error line. Python's own hook prints them (the run with --verbosity, which
     keeps the console as Python and absl make it, shows they are real); the console's set-up sends them whole
     to the log file, and leaves any other exception Python cannot raise to Python's hook."""
     script = tmp_path / "late_callbacks.py"
